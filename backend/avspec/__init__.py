@@ -1,0 +1,1 @@
+"""Speculative decoding with adaptive verification (AV) for Triton Inference Server."""
