@@ -1,0 +1,53 @@
+"""The estimator's feature: logit(q_max) of the temperature-scaled draft distribution (spec 2).
+
+With z = logits / temperature and m = max z, q_max / (1 - q_max) = 1 / sum_{z != m} exp(z - m),
+so f = -log(sum over the non-max entries of exp(z - m)): a logsumexp with the argmax entry
+masked out. It never forms q, so it stays finite for extreme logits. If several entries tie for
+the max, only the first (argmax) is masked; the others count as non-max, giving q_max = 1/2 for a
+two-way tie. The result is clamped to [-clamp, clamp] (a one-hot distribution gives +clamp).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from avspec.checks import check_finite, check_shape
+
+
+def logit_qmax(
+    logits: torch.Tensor,
+    temperature: torch.Tensor | float,
+    clamp: float = 40.0,
+    check_values: bool = True,
+) -> torch.Tensor:
+    """Return logit(q_max) per draft position, [batch, position] float32.
+
+    logits: [batch, position, vocab]; -inf entries (masked vocabulary) are allowed.
+    temperature: [batch] or a scalar; 0 (greedy) is treated as 1.
+    check_values: reject NaN / +inf logits (a host sync on CUDA; pass False in the GPU hot path).
+    """
+    check_shape("logits", logits, (None, None, None))
+    if logits.shape[2] < 1:
+        raise ValueError("logits must have a non-empty vocab dimension")
+    if not logits.dtype.is_floating_point:
+        raise ValueError(f"logits must be floating point, got {logits.dtype}")
+    if isinstance(temperature, torch.Tensor):
+        if temperature.dim() != 0:
+            check_shape("temperature", temperature, (logits.shape[0],))
+        if temperature.device != logits.device:
+            raise ValueError(f"temperature on {temperature.device} but logits on {logits.device}")
+    if check_values:
+        check_finite("logits", logits)
+        if isinstance(temperature, torch.Tensor):
+            check_finite("temperature", temperature)
+    temp = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
+    temp = torch.where(temp == 0, torch.ones_like(temp), temp)
+    temp = temp.reshape(-1, 1, 1) if temp.dim() == 1 else temp
+    z = logits.float() / temp  # [batch, position, vocab]
+    top = z.argmax(dim=-1, keepdim=True)  # [batch, position, 1]
+    m = z.gather(-1, top)
+    shifted = (z - m).scatter(-1, top, float("-inf"))
+    # An all -inf row gives m = -inf and NaN in z - m; those rows count as one-hot (+clamp).
+    shifted = torch.where(torch.isnan(shifted), float("-inf"), shifted)
+    f = -torch.logsumexp(shifted, dim=-1)  # [batch, position]
+    return f.clamp(-clamp, clamp)
