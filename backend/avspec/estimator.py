@@ -170,6 +170,8 @@ class AcceptanceEstimator:
         check_shape("intercepts", intercepts, (k,))
         check_shape("bins", bins, (3, NUM_BINS))
         check_shape("last_bins", last_bins, (3, NUM_BINS))
+        if not (bool(torch.isfinite(intercepts).all()) and float(slope) >= self.config.min_slope):
+            raise ValueError(f"slope must be >= min_slope and intercepts finite, got {slope}")
         if num_steps < 0 or num_refits < 0:
             raise ValueError("num_steps and num_refits must be >= 0")
         probe = SufficientStats(k, self.device)

@@ -196,6 +196,10 @@ def test_state_dict_roundtrip_and_errors() -> None:
         copy.load_state_dict({k: v for k, v in state.items() if k != "bins"})
     with pytest.raises(ValueError, match="intercepts must have shape"):
         copy.load_state_dict({**state, "intercepts": torch.zeros(5)})
+    with pytest.raises(ValueError, match="slope must be >= min_slope"):
+        copy.load_state_dict({**state, "slope": torch.tensor(float("nan"))})
+    with pytest.raises(ValueError, match="intercepts finite"):
+        copy.load_state_dict({**state, "intercepts": torch.tensor([0.0, 1.0, float("inf"), 0.0])})
     with pytest.raises(ValueError, match=">= 0"):
         copy.load_state_dict({**state, "num_steps": -1})
     with pytest.raises(ValueError, match="stats A"):
