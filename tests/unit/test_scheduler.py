@@ -1,0 +1,284 @@
+"""Scheduler tests against a fake step function that checks the step contract's bookkeeping."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from avspec.scheduler import GenerationRequest, Scheduler, StepReport, generate
+from avspec.speculative_step import StepInputs, StepOutputs
+
+K = 8
+EOS = 256
+
+
+def token_at(seq_id: int, position: int) -> int:
+    """The fake model's token at absolute `position` of sequence `seq_id`."""
+    return 1 + (7 * seq_id + 3 * position) % 50
+
+
+class FakeStep:
+    """Contract-checking stand-in: accepts half the drafts, emits token_at(...) tokens."""
+
+    max_draft_tokens = K
+
+    def __init__(self, eos_at: dict[int, int] | None = None, poison: set[int] | None = None):
+        self.eos_at = eos_at or {}
+        self.poison = poison or set()
+        self.history: dict[int, list[int]] = {}
+        self.calls: list[StepInputs] = []
+        self.released: list[int] = []
+
+    def __call__(self, inputs: StepInputs) -> StepOutputs:
+        self.calls.append(inputs)
+        for seq_id in inputs.release_seq_ids.tolist():
+            self.history.pop(seq_id, None)
+            self.released.append(seq_id)
+        seq_ids = inputs.seq_ids.tolist()
+        if self.poison & set(seq_ids):
+            raise RuntimeError("poisoned sequence")
+        batch = len(seq_ids)
+        output_ids = torch.full((batch, K + 1), -1, dtype=torch.int32)
+        num_accepted = torch.zeros(batch, dtype=torch.int32)
+        for r, seq_id in enumerate(seq_ids):
+            start = int(inputs.start_positions[r])
+            if start == 0:
+                self.history[seq_id] = []
+            history = self.history[seq_id]
+            assert start == len(history), "start_positions must equal the committed length"
+            history.extend(inputs.input_ids[r, : int(inputs.input_lengths[r])].tolist())
+            accepted = int(inputs.num_draft_tokens[r]) // 2
+            for j in range(accepted + 1):
+                position = len(history) + j
+                eos = self.eos_at.get(seq_id) == position
+                output_ids[r, j] = EOS if eos else token_at(seq_id, position)
+            num_accepted[r] = accepted
+        return StepOutputs(output_ids, num_accepted, inputs.num_draft_tokens.clone())
+
+
+def expected(seq_id: int, prompt_len: int, max_tokens: int) -> list[int]:
+    return [token_at(seq_id, prompt_len + i) for i in range(max_tokens)]
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.reports: list[StepReport] = []
+        self.errors: list[Exception] = []
+
+    def on_step(self, report: StepReport) -> None:
+        self.reports.append(report)
+        self.tokens.extend(report.new_tokens)
+
+    def on_error(self, exc: Exception) -> None:
+        self.errors.append(exc)
+
+
+def make(fake: FakeStep, max_batch_size: int = 8, max_context: int = 128) -> Scheduler:
+    return Scheduler(fake, EOS, max_batch_size, max_context, K)
+
+
+def submit(scheduler: Scheduler, prompt_len: int, max_tokens: int, **kw) -> tuple[int, Collector]:
+    c = Collector()
+    seq_id = scheduler.submit(
+        GenerationRequest([5] * prompt_len, max_tokens, **kw), c.on_step, c.on_error
+    )
+    return seq_id, c
+
+
+def test_max_tokens_honoured_exactly_and_caches_released() -> None:
+    fake = FakeStep()
+    scheduler = make(fake)
+    runs = [
+        submit(scheduler, n, m, num_draft_tokens=d) for n, m, d in [(3, 1, 4), (5, 7, 4), (1, 9, 0)]
+    ]
+    scheduler.run_until_idle()
+    for (seq_id, c), (n, m) in zip(runs, [(3, 1), (5, 7), (1, 9)], strict=True):
+        assert c.tokens == expected(seq_id, n, m)
+        assert c.reports[-1].finished and c.reports[-1].finish_reason == "length"
+        assert not c.errors
+    assert fake.history == {}, "every finished sequence is released (empty-batch step)"
+    assert scheduler.counters.tokens_generated == 17
+    assert scheduler.counters.requests_finished == 3
+    # Drafting never overshoots: num_draft_tokens <= tokens still wanted - 1.
+    assert fake.calls[0].num_draft_tokens.tolist() == [0, 4, 0]
+
+
+def test_eos_stops_and_is_not_emitted() -> None:
+    fake = FakeStep(eos_at={1: 6})
+    scheduler = make(fake)
+    seq_id, c = submit(scheduler, 4, 20)
+    scheduler.run_until_idle()
+    assert c.tokens == expected(seq_id, 4, 2)
+    assert c.reports[-1].finish_reason == "stop"
+
+
+def test_queue_beyond_max_batch_size_joins_later() -> None:
+    fake = FakeStep()
+    scheduler = make(fake, max_batch_size=2)
+    runs = [submit(scheduler, 2 + i, 3 + 2 * i) for i in range(4)]
+    assert scheduler.step() == 2
+    assert scheduler.live_count == 2 and scheduler.queued_count == 2
+    scheduler.run_until_idle()
+    assert max(c.batch_size for c in fake.calls) == 2
+    for i, (seq_id, c) in enumerate(runs):
+        assert c.tokens == expected(seq_id, 2 + i, 3 + 2 * i)
+
+
+def test_prev_num_accepted_aligned_with_previous_batch() -> None:
+    fake = FakeStep()
+    scheduler = make(fake)
+    submit(scheduler, 2, 30, num_draft_tokens=4)
+    submit(scheduler, 2, 30, num_draft_tokens=2)
+    scheduler.step()
+    scheduler.step()
+    assert fake.calls[0].prev_num_accepted.numel() == 0
+    assert fake.calls[1].prev_num_accepted.tolist() == [2, 1]
+
+
+def test_cancel_releases_the_sequence() -> None:
+    fake = FakeStep()
+    scheduler = make(fake, max_batch_size=2)
+    keep_id, keep = submit(scheduler, 3, 40)
+    gone_id, gone = submit(scheduler, 3, 40)
+    queued_id, queued = submit(scheduler, 3, 40)
+    scheduler.step()
+    assert gone_id in fake.history
+    assert scheduler.cancel(gone_id)
+    assert scheduler.cancel(queued_id)
+    assert not scheduler.cancel(gone_id) and not scheduler.cancel(999)
+    assert gone.reports[-1].finish_reason == "cancelled"
+    assert queued.reports == [StepReport([], 0, 0, 0, True, "cancelled")]
+    scheduler.step()
+    assert fake.calls[-1].release_seq_ids.tolist() == [gone_id]
+    assert gone_id not in fake.history and queued_id not in fake.history
+    scheduler.run_until_idle()
+    assert keep.tokens == expected(keep_id, 3, 40)
+    assert scheduler.counters.requests_cancelled == 2
+
+
+def test_poisoned_sequence_fails_alone() -> None:
+    fake = FakeStep(poison={2})
+    scheduler = make(fake)
+    runs = [submit(scheduler, 3, 6) for _ in range(3)]
+    scheduler.run_until_idle()
+    (id1, c1), (_, bad), (id3, c3) = runs
+    assert c1.tokens == expected(id1, 3, 6) and c3.tokens == expected(id3, 3, 6)
+    assert len(bad.errors) == 1 and "poisoned" in str(bad.errors[0])
+    assert not c1.errors and not c3.errors
+    replays = [c for c in fake.calls if c.batch_size == 1]
+    assert replays and all(c.prev_num_accepted.numel() == 0 for c in replays)
+    assert 2 in fake.released
+    assert scheduler.counters.requests_failed == 1
+    assert scheduler.counters.step_failures == 1
+
+
+def test_malformed_outputs_fail_the_request() -> None:
+    def bad_step(inputs: StepInputs) -> StepOutputs:
+        batch = inputs.batch_size
+        zeros = torch.zeros(batch, dtype=torch.int32)
+        return StepOutputs(torch.zeros(batch, K), zeros, zeros)  # K columns, not K + 1
+
+    scheduler = Scheduler(bad_step, EOS, 4, 64, K)
+    _, c = submit(scheduler, 2, 3)
+    scheduler.run_until_idle()
+    assert len(c.errors) == 1 and "output_ids" in str(c.errors[0])
+
+
+def test_raising_callback_does_not_kill_the_loop() -> None:
+    fake = FakeStep()
+    scheduler = make(fake)
+    good_id, good = submit(scheduler, 2, 9)
+
+    def explode(report: StepReport) -> None:
+        raise RuntimeError("client went away")
+
+    errors: list[Exception] = []
+
+    def explode_too(exc: Exception) -> None:
+        errors.append(exc)
+        raise RuntimeError("and the error handler too")
+
+    scheduler.submit(GenerationRequest([5, 5], 9), explode, explode_too)
+    scheduler.run_until_idle()
+    assert good.tokens == expected(good_id, 2, 9)
+    assert len(errors) == 1 and "client went away" in str(errors[0])
+    assert scheduler.counters.callback_errors == 2
+    assert fake.history == {}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"prompt_ids": []}, "prompt_ids"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"num_draft_tokens": K + 1}, "num_draft_tokens"),
+        ({"num_draft_tokens": -1}, "num_draft_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"max_tokens": 60}, "max_context"),
+    ],
+)
+def test_submission_validation(kwargs: dict, match: str) -> None:
+    scheduler = make(FakeStep(), max_context=64)
+    fields = {"prompt_ids": [1, 2, 3], "max_tokens": 4} | kwargs
+    with pytest.raises(ValueError, match=match):
+        scheduler.submit(GenerationRequest(**fields), print, print)
+    assert scheduler.queued_count == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [((0, 64, K), "max_batch_size"), ((4, 64, -1), "max_draft_tokens"), ((4, 5, K), "max_context")],
+)
+def test_constructor_validation(args: tuple, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Scheduler(FakeStep(), EOS, *args)
+
+
+def test_background_thread_serves_and_stops() -> None:
+    fake = FakeStep()
+    scheduler = make(fake)
+    scheduler.start()
+    scheduler.start()  # idempotent
+    try:
+        done = threading.Event()
+        c = Collector()
+
+        def on_step(report: StepReport) -> None:
+            c.on_step(report)
+            if report.finished:
+                done.set()
+
+        seq_id = scheduler.submit(GenerationRequest([5, 5, 5], 11), on_step, c.on_error)
+        assert done.wait(10)
+        assert c.tokens == expected(seq_id, 3, 11)
+    finally:
+        scheduler.stop(timeout_s=10)
+    assert scheduler._thread is not None and not scheduler._thread.is_alive()
+
+
+def test_background_thread_survives_a_scheduler_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    scheduler = make(FakeStep())
+    failed = threading.Event()
+    monkeypatch.setattr(scheduler, "_apply", lambda *a: 1 / 0)
+    scheduler.start()
+    try:
+        scheduler.submit(GenerationRequest([5], 3), print, lambda exc: failed.set())
+        assert failed.wait(10)
+    finally:
+        scheduler.stop(timeout_s=10)
+    assert scheduler.live_count == 0
+
+
+def test_generate_helper() -> None:
+    fake = FakeStep()
+    out = generate(fake, [GenerationRequest([5] * 3, 4), GenerationRequest([5], 2)])
+    assert out == [expected(1, 3, 4), expected(2, 1, 2)]
+    with pytest.raises(RuntimeError, match="failed"):
+        generate(FakeStep(poison={1}), [GenerationRequest([5], 2)])
+    scheduler = make(FakeStep())
+    assert generate(scheduler, [GenerationRequest([5], 1)]) == [expected(1, 1, 1)]
