@@ -86,8 +86,8 @@ class AcceptanceEstimator:
         if check_values:
             self._check_values(features, predictions, num_verified, num_accepted, positions)
         labels, mask = verification_labels(num_verified, num_accepted, positions)
-        valid = mask & torch.isfinite(features) & torch.isfinite(predictions)
-        valid &= (predictions >= 0) & (predictions <= 1)
+        # NaN predictions fail both comparisons, so the range test also drops them
+        valid = mask & torch.isfinite(features) & (predictions >= 0) & (predictions <= 1)
         self.stats.add(features, predictions, labels, valid)
         self._add_to_bins(predictions, labels, valid)
 
@@ -217,10 +217,11 @@ class AcceptanceEstimator:
     ) -> None:
         p = torch.where(valid, predictions.double(), 0.0)
         y = torch.where(valid, labels.double(), 0.0)
-        index = (p * NUM_BINS).long().clamp(0, NUM_BINS - 1).flatten()
-        self._bins[0].index_add_(0, index, p.flatten())
-        self._bins[1].index_add_(0, index, y.flatten())
-        self._bins[2].index_add_(0, index, valid.double().flatten())
+        index = (p * NUM_BINS).long().clamp(0, NUM_BINS - 1).flatten()  # [batch * position]
+        rows = torch.stack((p.flatten(), y.flatten(), valid.double().flatten()))  # [3, entries]
+        # one index_add_ into the flattened [3, NUM_BINS] table: row r's bins start at r * NUM_BINS
+        offsets = torch.arange(0, 3 * NUM_BINS, NUM_BINS, device=p.device).unsqueeze(1)
+        self._bins.view(-1).index_add_(0, (index + offsets).flatten(), rows.flatten())
 
 
 def verification_labels(

@@ -32,13 +32,13 @@ class SufficientStats:
         if num_positions < 1:
             raise ValueError(f"num_positions must be >= 1, got {num_positions}")
         self.num_positions = num_positions
-        zeros = torch.zeros(num_positions, dtype=torch.float64, device=device)
-        self.A, self.B, self.C = zeros.clone(), zeros.clone(), zeros.clone()
-        self.G0, self.G1, self.n = zeros.clone(), zeros.clone(), zeros.clone()
+        # rows A, B, C, G0, G1, n: one tensor so that `add` is a single reduction
+        self.sums = torch.zeros(len(_NAMES), num_positions, dtype=torch.float64, device=device)
+        self.A, self.B, self.C, self.G0, self.G1, self.n = self.sums.unbind(0)  # row views
 
     @property
     def device(self) -> torch.device:
-        return self.A.device
+        return self.sums.device
 
     def add(
         self,
@@ -63,26 +63,20 @@ class SufficientStats:
         check_same_device(
             features=features, predictions=predictions, labels=labels, mask=mask, stats=self.A
         )
-        f, p, y = features.double(), predictions.double(), labels.double()
-        valid = mask.bool() & torch.isfinite(f) & torch.isfinite(p) & torch.isfinite(y)
-        zero = torch.zeros((), dtype=torch.float64, device=f.device)
-        f = torch.where(valid, f, zero)
-        p = torch.where(valid, p, zero)
-        y = torch.where(valid, y, zero)
+        valid = mask.bool() & torch.isfinite(features) & torch.isfinite(predictions)
+        valid &= torch.isfinite(labels)
+        f = torch.where(valid, features.double(), 0.0)
+        p = torch.where(valid, predictions.double(), 0.0)
+        y = torch.where(valid, labels.double(), 0.0)
         s = p * (1 - p)  # zero where invalid since p = 0 there
         r = y - p  # zero where invalid
-        k = slice(0, positions)
-        self.A[k] += (s * f * f).sum(0)
-        self.B[k] += (s * f).sum(0)
-        self.C[k] += s.sum(0)
-        self.G0[k] += (r * f).sum(0)
-        self.G1[k] += r.sum(0)
-        self.n[k] += valid.double().sum(0)
+        sf = s * f
+        terms = torch.stack((sf * f, sf, s, r * f, r, valid.double()))  # [6, batch, position]
+        self.sums[:, :positions] += terms.sum(dim=1)
 
     def clear(self) -> None:
         """Zero every accumulator (start a new refit window)."""
-        for name in _NAMES:
-            getattr(self, name).zero_()
+        self.sums.zero_()
 
     def total(self) -> torch.Tensor:
         """Return the number of labels accumulated, a 0-dim float64 tensor (no host sync)."""
