@@ -31,3 +31,12 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# Retrain the default draft/target pair (reproducible from the seed and step counts; ~1 h on 2 cores).
+models: $(STAMP)
+	$(PY) -m avspec.training --out models --seed 0 --draft-steps 2000 --target-steps 1600
+
+.PHONY: workloads
+# Rebuild the prompt sets (code, prose, high_entropy) from the held-out split.
+workloads: $(STAMP)
+	$(PY) -m avspec.workloads --out workloads

@@ -1,0 +1,47 @@
+"""Byte-level tokenizer: token ids 0..255 are UTF-8 bytes, 256 is end-of-sequence (EOS).
+
+`IncrementalDecoder` turns a stream of token ids into text for streaming responses: it holds back
+the bytes of a character whose UTF-8 sequence is not complete yet.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens plus one EOS id; encoding never fails, decoding never raises."""
+
+    vocab_size = 257
+    eos_id = 256
+    name = "byte"
+
+    def encode(self, text: str) -> list[int]:
+        """Return the UTF-8 bytes of `text` as token ids (no EOS appended)."""
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Return the text of `ids`, skipping EOS; invalid UTF-8 becomes U+FFFD."""
+        return _to_bytes(ids, self.eos_id).decode("utf-8", errors="replace")
+
+
+class IncrementalDecoder:
+    """Decode a token stream piece by piece, emitting only complete characters."""
+
+    def __init__(self, tokenizer: ByteTokenizer | None = None) -> None:
+        self._eos_id = (tokenizer or ByteTokenizer()).eos_id
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, ids: Iterable[int]) -> str:
+        """Feed token ids; return the text of every character completed so far."""
+        return self._decoder.decode(_to_bytes(ids, self._eos_id), final=False)
+
+    def flush(self) -> str:
+        """Return whatever is held back (an incomplete character becomes U+FFFD) and reset."""
+        return self._decoder.decode(b"", final=True)
+
+
+def _to_bytes(ids: Iterable[int], eos_id: int) -> bytes:
+    """Bytes of `ids` without EOS; an id outside 0..255 becomes 0xFF, which decodes to U+FFFD."""
+    return bytes(i if 0 <= i <= 255 else 0xFF for i in map(int, ids) if i != eos_id)
