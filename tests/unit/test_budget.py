@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from avspec.budget import choose_budget
 from avspec.cost_table import CostTable
 

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+
 from avspec.cost_table import CostTable
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from avspec.rejection import rejection_sample, rejection_sample_from_noise
 
 

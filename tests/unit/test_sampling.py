@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from avspec.sampling import sample, warp_probs
 
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from avspec.survival import admit, admitted_mask, survival
 
 

@@ -4,6 +4,7 @@ import copy
 
 import pytest
 import torch
+
 from avspec.budget import choose_budget
 from avspec.config import EstimatorConfig
 from avspec.cost_table import CostTable
