@@ -147,6 +147,7 @@ class ServerProcess:
             f"--backend-directory={backend_directory}",
             "--model-control-mode=explicit",
             "--load-model=*",
+            "--disable-auto-complete-config",  # config.pbtxt is complete; saves a stub per model
             f"--http-port={self.http_port}",
             f"--grpc-port={self.grpc_port}",
             "--allow-metrics=true",

@@ -1,0 +1,224 @@
+"""Triton-free helpers of the model repository's `model.py` adapters.
+
+- One parameters dataclass per served model, parsed once in `initialize()` with
+  `avspec.config.from_parameters` from the `parameters` block of its `config.pbtxt`.
+- Relative paths in parameters resolve against the project root, the parent of the model
+  repository directory (`model_repository/../models/draft` for `model_dir: "models/draft"`).
+- Conversion between numpy arrays (what Triton hands a Python model) and `StepInputs`.
+- `build_test_repository`: a copy of the repository with parameter overrides and absolute
+  paths, for tests and benchmarks that must not write next to the real one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from avspec.config import EstimatorConfig, from_parameters
+from avspec.speculative_step import StepInputs, StepOutputs
+
+T = TypeVar("T")
+
+# Parameters holding a path, resolved against the project root.
+PATH_PARAMETERS = ("model_dir", "cost_tables", "snapshot_path")
+
+# numpy dtypes of the step tensors, as declared in the config.pbtxt files.
+STEP_INPUT_DTYPES: dict[str, type] = {
+    "seq_ids": np.int64,
+    "input_ids": np.int32,
+    "input_lengths": np.int32,
+    "start_positions": np.int32,
+    "reusable": np.int32,
+    "num_draft_tokens": np.int32,
+    "adaptive": np.bool_,
+    "temperature": np.float32,
+    "top_p": np.float32,
+    "random_seed": np.int64,
+    "prev_num_accepted": np.int32,
+    "release_seq_ids": np.int64,
+}
+STEP_OUTPUT_DTYPES: dict[str, type] = {
+    "output_ids": np.int32,
+    "num_accepted": np.int32,
+    "num_verify": np.int32,
+}
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters of the `draft` and `target` models."""
+
+    model_dir: str
+    max_draft_tokens: int = 8  # K; must equal the verifier's num_positions
+    max_sequences: int = 64  # KV cache slots
+    max_length: int = 512  # KV cache positions per sequence
+    idle_timeout_s: float | None = None  # free a sequence not seen for this long (None: never)
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("max_draft_tokens", "max_sequences", "max_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class VerifierParams:
+    """Parameters of the `verifier` model besides the EstimatorConfig fields."""
+
+    cost_tables: str = ""  # JSON of the profiler; empty or missing: linear fallback, warned
+    snapshot_path: str = ""  # warm start file; empty: no warm start
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class EntryParams:
+    """Parameters of the `speculative` entry model."""
+
+    max_batch_size: int = 64  # live sequences stepped together
+    max_context: int = 448  # prompt + generated tokens per sequence
+    max_draft_tokens: int = 8  # K, the largest num_draft_tokens a request may ask for
+    adaptive_verification: bool = True  # default when a request does not say
+    step_model: str = "speculative_step"  # the ensemble called once per decode step
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "max_context", "max_draft_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+def model_parameters(model_config: str | Mapping[str, Any]) -> dict[str, Any]:
+    """Return the `parameters` block of a model config (JSON text or dict from Triton)."""
+    config = json.loads(model_config) if isinstance(model_config, str) else model_config
+    return dict(config.get("parameters", {}))
+
+
+def parse_verifier_parameters(
+    params: Mapping[str, Any],
+) -> tuple[EstimatorConfig, VerifierParams]:
+    """Split the verifier's parameters into the EstimatorConfig and the serving fields."""
+    estimator_fields = {f.name for f in dataclasses.fields(EstimatorConfig)}
+    serving_fields = {f.name for f in dataclasses.fields(VerifierParams)}
+    estimator = from_parameters(EstimatorConfig, params, ignore=serving_fields)
+    serving = from_parameters(VerifierParams, params, ignore=estimator_fields)
+    return estimator, serving
+
+
+def parse_parameters(cls: type[T], params: Mapping[str, Any]) -> T:
+    """`from_parameters` for the serving dataclasses (kept as one import for the adapters)."""
+    return from_parameters(cls, params)
+
+
+def project_root(model_directory: str | Path) -> Path:
+    """Return the project root for Triton's `args["model_repository"]` (the model's directory).
+
+    The model directory is `<root>/model_repository/<model>`, so the root is two levels up.
+    """
+    return Path(model_directory).resolve().parent.parent
+
+
+def resolve_path(root: Path, value: str) -> Path:
+    """Resolve a path parameter: absolute as given, relative against the project root."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (root / path)
+
+
+def step_inputs_from_numpy(arrays: Mapping[str, np.ndarray]) -> StepInputs:
+    """Build StepInputs from numpy arrays named like its fields (dtypes converted as declared)."""
+    missing = sorted(set(STEP_INPUT_DTYPES) - set(arrays))
+    if missing:
+        raise ValueError(f"missing step input(s): {', '.join(missing)}")
+    return StepInputs(
+        **{
+            name: torch.from_numpy(np.ascontiguousarray(arrays[name], dtype=dtype))
+            for name, dtype in STEP_INPUT_DTYPES.items()
+        }
+    )
+
+
+def step_inputs_to_numpy(inputs: StepInputs) -> dict[str, np.ndarray]:
+    """Return the StepInputs fields as numpy arrays of the declared dtypes (CPU copies)."""
+    return {
+        name: getattr(inputs, name).detach().cpu().numpy().astype(dtype, copy=False)
+        for name, dtype in STEP_INPUT_DTYPES.items()
+    }
+
+
+def step_outputs_from_numpy(arrays: Mapping[str, np.ndarray]) -> StepOutputs:
+    """Build StepOutputs from the ensemble's numpy outputs."""
+    return StepOutputs(
+        **{
+            name: torch.from_numpy(np.ascontiguousarray(arrays[name], dtype=dtype))
+            for name, dtype in STEP_OUTPUT_DTYPES.items()
+        }
+    )
+
+
+def to_numpy(tensor: torch.Tensor, dtype: type) -> np.ndarray:
+    """Return a contiguous CPU numpy copy of `tensor` in `dtype` (for output tensors)."""
+    return np.ascontiguousarray(tensor.detach().cpu().numpy(), dtype=dtype)
+
+
+_PARAMETER = re.compile(
+    r'(parameters\s*\{\s*key:\s*"(?P<key>[^"]+)"\s*value:\s*\{\s*string_value:\s*")'
+    r'(?P<value>[^"]*)(")'
+)
+
+
+def read_config_parameters(config_text: str) -> dict[str, str]:
+    """Return {key: string_value} of the `parameters` entries of a config.pbtxt text."""
+    return {m["key"]: m["value"] for m in _PARAMETER.finditer(config_text)}
+
+
+def rewrite_config_parameters(
+    config_text: str, overrides: Mapping[str, str], root: Path | None = None
+) -> str:
+    """Replace parameter values in a config.pbtxt text.
+
+    Every key of `overrides` must already be a parameter (ValueError otherwise: a typo must not
+    pass silently). With `root`, relative PATH_PARAMETERS become absolute against it.
+    """
+    unknown = sorted(set(overrides) - set(read_config_parameters(config_text)))
+    if unknown:
+        raise ValueError(f"no such parameter(s) to override: {', '.join(unknown)}")
+
+    def replace(match: re.Match) -> str:
+        key, value = match["key"], match["value"]
+        value = str(overrides.get(key, value))
+        if root is not None and key in PATH_PARAMETERS and value:
+            value = str(resolve_path(root, value))
+        return f"{match[1]}{value}{match[4]}"
+
+    return _PARAMETER.sub(replace, config_text)
+
+
+def build_test_repository(
+    source: str | Path,
+    destination: str | Path,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
+) -> Path:
+    """Copy the model repository `source` to `destination` with parameter overrides.
+
+    overrides: {model name: {parameter: value}}. Relative path parameters become absolute
+    against the source's project root, so the copy works from anywhere.
+    """
+    source, destination = Path(source).resolve(), Path(destination)
+    overrides = dict(overrides or {})
+    unknown = sorted(m for m in overrides if not (source / m / "config.pbtxt").is_file())
+    if unknown:
+        raise ValueError(f"no such model(s) in {source}: {', '.join(unknown)}")
+    shutil.copytree(source, destination, ignore=shutil.ignore_patterns("__pycache__"))
+    for config in destination.glob("*/config.pbtxt"):
+        model_overrides = {k: str(v) for k, v in overrides.get(config.parent.name, {}).items()}
+        config.write_text(
+            rewrite_config_parameters(config.read_text(), model_overrides, source.parent)
+        )
+    return destination

@@ -1,0 +1,127 @@
+"""Entry point: text in, text out (decoupled), with in-flight batching of all live requests.
+
+execute() only validates and submits each request to one avspec.scheduler.Scheduler; its
+background thread runs one BLS call of the `speculative_step` ensemble per decode step for the
+whole batch and sends each request's responses (avspec.serving.requests.ResponseStream).
+"""
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from avspec.scheduler import Scheduler
+from avspec.serving import repository
+from avspec.serving.metrics import LIVE_SEQUENCES
+from avspec.serving.requests import RequestError, ResponseStream, parse_generation_inputs
+from avspec.tokenizer import ByteTokenizer
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.params = repository.parse_parameters(
+            repository.EntryParams, repository.model_parameters(config)
+        )
+        self.input_names = [tensor["name"] for tensor in config["input"]]
+        self.tokenizer = ByteTokenizer()
+        self.live_family = pb_utils.MetricFamily(
+            name=LIVE_SEQUENCES.name,
+            description=LIVE_SEQUENCES.description,
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self.live = self.live_family.Metric(labels={})
+        self.live.set(0)
+        p = self.params
+        self.scheduler = Scheduler(
+            self._step, self.tokenizer.eos_id, p.max_batch_size, p.max_context, p.max_draft_tokens
+        )
+        self.scheduler.start()
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                values = {}
+                for name in self.input_names:
+                    tensor = pb_utils.get_input_tensor_by_name(request, name)
+                    values[name] = None if tensor is None else tensor.as_numpy()
+                generation, stream = parse_generation_inputs(values, self.params, self.tokenizer)
+                client = _Client(request, sender, ResponseStream(stream, self.tokenizer))
+                client.scheduler = self.scheduler
+                client.seq_id = self.scheduler.submit(generation, client.on_step, client.on_error)
+            except (RequestError, ValueError) as err:
+                _send_error(sender, str(err), pb_utils.TritonError.INVALID_ARG)
+            except Exception as err:  # noqa: BLE001 - never leave a stream open
+                _send_error(sender, f"{type(err).__name__}: {err}", pb_utils.TritonError.INTERNAL)
+        return None
+
+    def finalize(self):
+        self.scheduler.stop(timeout_s=10)
+
+    def _step(self, inputs):
+        """The scheduler's step function: one BLS call of the step ensemble for the batch."""
+        self.live.set(self.scheduler.live_count)
+        arrays = repository.step_inputs_to_numpy(inputs)
+        response = pb_utils.InferenceRequest(
+            model_name=self.params.step_model,
+            inputs=[pb_utils.Tensor(name, value) for name, value in arrays.items()],
+            requested_output_names=list(repository.STEP_OUTPUT_DTYPES),
+        ).exec()
+        if response.has_error():
+            raise RuntimeError(f"{self.params.step_model}: {response.error().message()}")
+        outputs = {
+            name: pb_utils.get_output_tensor_by_name(response, name).as_numpy()
+            for name in repository.STEP_OUTPUT_DTYPES
+        }
+        return repository.step_outputs_from_numpy(outputs)
+
+
+class _Client:
+    """One request's response sender, fed by the scheduler thread."""
+
+    def __init__(self, request, sender, stream):
+        self.request, self.sender, self.stream = request, sender, stream
+        self.scheduler = None
+        self.seq_id = None
+        self.closed = False
+
+    def on_step(self, report):
+        if self.closed:
+            return
+        chunk = self.stream.on_step(report)
+        if chunk is not None:
+            self.closed = chunk.final
+            self.sender.send(_chunk_response(chunk), flags=_final() if chunk.final else 0)
+        if not self.closed and self.seq_id is not None and self.request.is_cancelled():
+            self.scheduler.cancel(self.seq_id)  # delivers a final "cancelled" report
+
+    def on_error(self, error):
+        if not self.closed:
+            self.closed = True
+            _send_error(self.sender, f"generation failed: {error}", pb_utils.TritonError.INTERNAL)
+
+
+def _chunk_response(chunk):
+    def int32(value):
+        return np.array([value], dtype=np.int32)
+
+    text = np.array([chunk.text.encode("utf-8")], dtype=object)
+    return pb_utils.InferenceResponse(
+        output_tensors=[
+            pb_utils.Tensor("text_output", text),
+            pb_utils.Tensor("drafted_tokens", int32(chunk.drafted)),
+            pb_utils.Tensor("verified_tokens", int32(chunk.verified)),
+            pb_utils.Tensor("accepted_tokens", int32(chunk.accepted)),
+        ]
+    )
+
+
+def _send_error(sender, message, code):
+    error = pb_utils.TritonError(message, code)
+    sender.send(pb_utils.InferenceResponse(error=error), flags=_final())
+
+
+def _final():
+    # Read at call time: the auto-complete pass imports this file before pb_utils is complete.
+    return pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
