@@ -13,7 +13,7 @@ a separate stream. A sequence's draws never depend on which other sequences shar
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -69,12 +69,14 @@ class SequenceSlots:
             self._generators.pop(seq_id, None)
             self._last_seen.pop(seq_id, None)
 
-    def sweep_idle(self) -> list[int]:
-        """Free sequences not seen for `idle_timeout_s`; return their ids."""
+    def sweep_idle(self, keep: Collection[int] = ()) -> list[int]:
+        """Free sequences not seen for `idle_timeout_s`, except `keep`; return their ids."""
         if self.idle_timeout_s is None:
             return []
         now = self.clock()
-        stale = [s for s, t in self._last_seen.items() if now - t > self.idle_timeout_s]
+        stale = [
+            s for s, t in self._last_seen.items() if now - t > self.idle_timeout_s and s not in keep
+        ]
         self.release(stale)
         return stale
 
@@ -86,7 +88,7 @@ class SequenceSlots:
         one released or freed by the idle sweep.
         """
         self.release(step.release_seq_ids)
-        self.sweep_idle()
+        self.sweep_idle(keep=set(step.seq_ids))
         now = self.clock()
         offsets = []
         for seq_id, start, reusable, seed in zip(
