@@ -22,9 +22,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
+
 from avspec.profiler import CostPoints, profile_draft_cost, profile_verify_cost
 from avspec.transformer import Transformer, TransformerConfig, init_weights
-from tqdm import tqdm
 
 RANDOM_TARGET = TransformerConfig(num_layers=4, width=256, num_heads=4)
 RANDOM_DRAFT = TransformerConfig(num_layers=1, width=96, num_heads=4)

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 import torch
+
 from avspec.scheduler import GenerationRequest, Scheduler, StepReport, generate
 from avspec.speculative_step import StepInputs, StepOutputs
 
