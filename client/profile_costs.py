@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=64, help="cached tokens per sequence")
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per point")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per point")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (1 is steadier on a busy box)"
+    )
     parser.add_argument("--output", type=Path, required=True, help="JSON file to write")
     return parser.parse_args(argv)
 
@@ -87,6 +90,8 @@ def print_table(title: str, unit: str, points: CostPoints) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     draft_sizes = [int(s) for s in args.draft_batch_sizes.split(",") if s]
     verify_sizes = [int(s) for s in args.verify_batch_sizes.split(",") if s]
     target, draft, what = load_pair(args)

@@ -140,13 +140,14 @@ class SpeculativeStep:
         # Tokens the target runs anyway (pending inputs), host-side from the CPU inputs.
         base_tokens = int((inputs.input_lengths - inputs.reusable).sum())
         device = drafted.draft_features.device
+        # seq ids stay on the host: the verifier matches rows by id there anyway.
         decision = self.verifier.step(
-            seq_ids=inputs.seq_ids.to(device),
+            seq_ids=inputs.seq_ids,
             features=drafted.draft_features,
             num_draft_tokens=inputs.num_draft_tokens.to(device),
             adaptive=inputs.adaptive.to(device),
             prev_num_accepted=inputs.prev_num_accepted.to(device),
-            release_seq_ids=inputs.release_seq_ids.to(device),
+            release_seq_ids=inputs.release_seq_ids,
             base_tokens=base_tokens,
         )
         return self.target(inputs, drafted.draft_tokens, drafted.draft_probs, decision.num_verify)
