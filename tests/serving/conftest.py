@@ -7,7 +7,6 @@ snapshot to tmp and refits every 10 steps so the coefficients move within a few 
 
 from __future__ import annotations
 
-import json
 import socket
 import urllib.request
 from pathlib import Path
@@ -31,7 +30,7 @@ REFIT_INTERVAL = 10
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if Path(str(item.fspath)).parent == Path(__file__).parent:
+        if "server" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.serving)
 
 
@@ -109,15 +108,3 @@ def scrape(server: ServerProcess) -> dict:
     """Parsed samples of the server's metrics endpoint."""
     with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
         return parse_metrics(response.read().decode())
-
-
-def post_json(url: str, payload: dict, timeout: float = 120) -> tuple[int, str]:
-    """POST JSON; return (status, body) also for HTTP errors."""
-    request = urllib.request.Request(
-        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode()

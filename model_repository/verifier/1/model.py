@@ -46,7 +46,7 @@ class TritonPythonModel:
         self.batch_sizes = self.families[metrics.STEP_BATCH_SIZE.name].Metric(
             labels={}, buckets=list(metrics.STEP_BATCH_BUCKETS)
         )
-        self.metrics[metrics.ESTIMATOR_REFITS.name].increment(self.adapter.estimator.num_refits)
+        # Counters count this server's refits; a reloaded family keeps the server-side value.
         self._publish_estimator()
 
     def execute(self, requests):
