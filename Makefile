@@ -34,7 +34,7 @@ clean:
 
 # Retrain the default draft/target pair (reproducible from the seed and step counts; ~1 h on 2 cores).
 models: $(STAMP)
-	$(PY) -m avspec.training --out models --seed 0 --draft-steps 2000 --target-steps 1600
+	$(PY) -m avspec.training --out models --seed 0 --draft-steps 1500 --target-steps 800
 
 .PHONY: workloads
 # Rebuild the prompt sets (code, prose, high_entropy) from the held-out split.

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from avspec.model_dir import save_model_dir
+from avspec.model_dir import load_model_dir, save_model_dir
 from avspec.tokenizer import ByteTokenizer
 from avspec.transformer import Transformer, TransformerConfig, init_weights
 
@@ -244,49 +244,73 @@ def report(draft: Transformer, target: Transformer, held_out: list, seed: int) -
     return result
 
 
+def train_and_save(name: str, args: argparse.Namespace, corpus: dict) -> None:
+    """Train one model of the pair and write `out/<name>` plus its `training.json` log."""
+    config, settings, seed = {
+        "draft": (DRAFT_CONFIG, TrainSettings(args.draft_steps, lr=3e-3), args.seed + 100),
+        "target": (TARGET_CONFIG, TrainSettings(args.target_steps), args.seed),
+    }[name]
+    start = time.perf_counter()
+    model, curve = train_model(
+        config, settings, corpus["train_ids"], corpus["held_out_ids"], seed, name
+    )
+    save_model_dir(args.out / name, model, ByteTokenizer())
+    log = {
+        "config": config.to_dict(),
+        "settings": asdict(settings),
+        "seed": seed,
+        "threads": args.threads,
+        "parameters": model.num_parameters(),
+        "train_seconds": time.perf_counter() - start,
+        "curve": curve,
+    }
+    (args.out / name / "training.json").write_text(json.dumps(log, indent=2) + "\n")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("models"), help="output directory")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target-steps", type=int, default=1600)
-    parser.add_argument("--draft-steps", type=int, default=2000)
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--target-steps", type=int, default=800)
+    parser.add_argument("--draft-steps", type=int, default=1500)
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1: robust when shared)"
+    )
+    parser.add_argument(
+        "--only",
+        choices=("draft", "target", "report"),
+        help="run one phase (train draft, train target, or report on both saved models)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     tokenizer = ByteTokenizer()
     train, held_out = split_files(corpus_files())
-    train_ids, held_out_ids = encode_files(train, tokenizer), encode_files(held_out, tokenizer)
+    corpus = {
+        "train_ids": encode_files(train, tokenizer),
+        "held_out_ids": encode_files(held_out, tokenizer),
+    }
+    for name in ("draft", "target"):
+        if args.only in (None, name):
+            train_and_save(name, args, corpus)
+    if args.only not in (None, "report"):
+        return
+    draft, _ = load_model_dir(args.out / "draft")
+    target, _ = load_model_dir(args.out / "target")
     log = {
-        "command": "python -m avspec.training " + " ".join(sys.argv[1:] if argv is None else argv),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "corpus": {
             "train_files": len(train),
             "held_out_files": len(held_out),
-            "train_bytes": len(train_ids),
-            "held_out_bytes": len(held_out_ids),
+            "train_bytes": len(corpus["train_ids"]),
+            "held_out_bytes": len(corpus["held_out_ids"]),
         },
-        "models": {},
+        "models": {
+            name: json.loads((args.out / name / "training.json").read_text())
+            for name in ("draft", "target")
+        },
+        "report": report(draft, target, held_out, args.seed),
     }
-    trained = {}
-    jobs = (
-        ("draft", DRAFT_CONFIG, TrainSettings(args.draft_steps, lr=3e-3), args.seed + 100),
-        ("target", TARGET_CONFIG, TrainSettings(args.target_steps), args.seed),
-    )
-    for name, config, settings, seed in jobs:
-        start = time.perf_counter()
-        model, curve = train_model(config, settings, train_ids, held_out_ids, seed, name)
-        save_model_dir(args.out / name, model, tokenizer)
-        trained[name] = model
-        log["models"][name] = {
-            "config": config.to_dict(),
-            "settings": asdict(settings),
-            "parameters": model.num_parameters(),
-            "train_seconds": time.perf_counter() - start,
-            "curve": curve,
-        }
-        (args.out / "training_log.json").write_text(json.dumps(log, indent=2) + "\n")
-    log["report"] = report(trained["draft"], trained["target"], held_out, args.seed)
     (args.out / "training_log.json").write_text(json.dumps(log, indent=2) + "\n")
     print(json.dumps(log["report"], indent=2))
 
