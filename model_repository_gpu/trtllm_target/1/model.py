@@ -1,0 +1,78 @@
+"""Triton adapter of the TensorRT-LLM target: fan a step out per sequence, gather the answers.
+
+One BLS request to the tensorrt_llm model per sequence, all in flight at once (asyncio.gather),
+so the engine's batch manager sees the whole step together. Building the requests and reading
+the answers is Triton-free (avspec.serving.gpu_adapters.TrtllmTargetAdapter).
+"""
+
+import asyncio
+import json
+
+import triton_python_backend_utils as pb_utils
+from torch.utils.dlpack import to_dlpack
+
+from avspec.config import from_parameters
+from avspec.serving import repository
+from avspec.serving.gpu_adapters import (
+    BACKEND_PARAMETERS,
+    TrtllmTargetAdapter,
+    TrtllmTargetParams,
+    tensor_from_pb,
+)
+from avspec.serving.metrics import KV_LIVE_SEQUENCES
+from avspec.trtllm_request import TRTLLM_OUTPUTS
+
+STAGE = "target"
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = repository.model_parameters(config)
+        self.params = from_parameters(TrtllmTargetParams, params, ignore=BACKEND_PARAMETERS)
+        self.input_names = [tensor["name"] for tensor in config["input"]]
+        self.adapter = TrtllmTargetAdapter(self.params)
+        # The family must stay referenced, or its metrics die with it (shared/design/triton.md).
+        self.kv_family = pb_utils.MetricFamily(
+            name=KV_LIVE_SEQUENCES.name,
+            description=KV_LIVE_SEQUENCES.description,
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self.kv_live = self.kv_family.Metric(labels={"model": STAGE})
+        self.kv_live.set(0)
+
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                tensors = {
+                    name: tensor_from_pb(pb_utils.get_input_tensor_by_name(request, name))
+                    for name in self.input_names
+                }
+                prepared = self.adapter.prepare(tensors)
+                answers = await asyncio.gather(*(self._send(r) for r in prepared))
+                outputs = self.adapter.finish(prepared, answers)
+                out = [pb_utils.Tensor(n, t.numpy()) for n, t in outputs.items()]
+                responses.append(pb_utils.InferenceResponse(output_tensors=out))
+            except Exception as err:  # noqa: BLE001 - one request's failure is its own response
+                message = f"trtllm_target: {type(err).__name__}: {err}"
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)))
+        self.kv_live.set(self.adapter.live_sequences)
+        return responses
+
+    async def _send(self, prepared):
+        inputs = [pb_utils.Tensor(name, array) for name, array in prepared.host.items()]
+        if prepared.draft_logits is not None:
+            logits = to_dlpack(prepared.draft_logits.contiguous())
+            inputs.append(pb_utils.Tensor.from_dlpack("draft_logits", logits))
+        response = await pb_utils.InferenceRequest(
+            model_name=self.params.trtllm_model,
+            inputs=inputs,
+            requested_output_names=list(TRTLLM_OUTPUTS),
+        ).async_exec()
+        if response.has_error():
+            raise RuntimeError(f"{self.params.trtllm_model}: {response.error().message()}")
+        return tuple(
+            tensor_from_pb(pb_utils.get_output_tensor_by_name(response, name)).cpu().numpy()
+            for name in TRTLLM_OUTPUTS
+        )
