@@ -72,9 +72,18 @@ def prepare_backend_directory(target: Path) -> Path:
     return target
 
 
-def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """Return the environment for tritonserver and its Python stub processes."""
+def server_environment(
+    base: dict[str, str] | None = None, cpu_threads: int | None = 1
+) -> dict[str, str]:
+    """Return the environment for tritonserver and its Python stub processes.
+
+    cpu_threads sets OMP_NUM_THREADS for every stub process (None: leave as is). Each model
+    instance is its own process; with torch's default of one spinning thread per core in each,
+    the stages fight over the cores (measured on 2 cores: a 20-token request 9 s vs 0.8 s).
+    """
     env = dict(os.environ if base is None else base)
+    if cpu_threads is not None:
+        env["OMP_NUM_THREADS"] = str(cpu_threads)
     libs = [
         sysconfig.get_config_var("LIBDIR"),
         str(pytriton_root().parent / "nvidia_pytriton.libs"),
@@ -112,6 +121,7 @@ class ServerProcess:
         exit_timeout_s: int = 10,
         ready_timeout_s: float = 300.0,
         log_path: str | Path | None = None,
+        cpu_threads: int | None = 1,
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         if not self.model_repository.is_dir():
@@ -124,6 +134,7 @@ class ServerProcess:
         self.exit_timeout_s = exit_timeout_s
         self.ready_timeout_s = ready_timeout_s
         self.log_path = Path(log_path) if log_path is not None else None
+        self.cpu_threads = cpu_threads
         self.process: subprocess.Popen | None = None
         self._workdir: tempfile.TemporaryDirectory | None = None
 
@@ -165,7 +176,7 @@ class ServerProcess:
         out = open(self.log_path, "ab") if self.log_path is not None else None  # noqa: SIM115
         self.process = subprocess.Popen(
             self.command(backends),
-            env=server_environment(),
+            env=server_environment(cpu_threads=self.cpu_threads),
             stdout=out,
             stderr=subprocess.STDOUT if out is not None else None,
             start_new_session=True,  # own process group: stop() reaches the stub processes
@@ -264,6 +275,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver verbosity")
     parser.add_argument("--exit-timeout-secs", type=int, default=10)
     parser.add_argument("--ready-timeout-secs", type=float, default=300.0)
+    parser.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=1,
+        help="torch CPU threads per model instance (OMP_NUM_THREADS); 0 leaves it unset",
+    )
     return parser.parse_args(argv)
 
 
@@ -290,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             log_verbose=args.log_verbose,
             exit_timeout_s=args.exit_timeout_secs,
             ready_timeout_s=args.ready_timeout_secs,
+            cpu_threads=args.cpu_threads or None,
         )
         server.start()
         print(
