@@ -32,6 +32,11 @@ format: $(STAMP)
 clean:
 	rm -rf $(VENV) .pytest_cache
 
+# Serve model_repository/ with the Triton server bundled in nvidia-pytriton (docs/serving.md).
+serve: $(STAMP)
+	$(PY) -m avspec.serving.launcher --model-repository model_repository \
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+
 # Retrain the default draft/target pair (reproducible from the seed and step counts; ~1 h on 2 cores).
 models: $(STAMP)
 	$(PY) -m avspec.training --out models --seed 0 --draft-steps 1500 --target-steps 800
