@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from avspec.kv_cache import CacheLimitError, KVCache
 from avspec.transformer import Transformer, TransformerConfig, init_weights
 
