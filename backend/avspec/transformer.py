@@ -186,7 +186,8 @@ class Transformer(nn.Module):
             q, k, v = block.project(x, index.positions, self.rotary)  # (tokens, heads, head_dim)
             cache.write(layer, index.token_slots, index.positions, k, v)
             keys, values = cache.read(layer, index.slots, index.key_length)
-            # keys, values: (batch, heads, key_length, head_dim)
+            # keys, values: (batch, heads, key_length, head_dim), in the model's dtype
+            keys, values = keys.to(q.dtype), values.to(q.dtype)
             q_pad = q.new_zeros(len(slots), index.query_length, *q.shape[1:])
             q_pad[index.token_rows, index.token_cols] = q  # (batch, query_length, heads, head_dim)
             att = F.scaled_dot_product_attention(

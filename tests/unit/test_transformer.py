@@ -145,3 +145,16 @@ def test_init_weights_is_seeded():
     for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(p, q), name
     assert not torch.equal(a.embed.weight, make_model(4).embed.weight)
+
+
+def test_float64_cache_with_float32_model_matches_full_recompute():
+    model = make_model()
+    cache = KVCache(CONFIG, 1, 16, "cpu", torch.float64)
+    cache.allocate(0)
+    ids = torch.arange(1, 9)
+    with torch.no_grad():
+        first = model.forward_cached(cache, [0], ids[:5], [5])
+        rest = model.forward_cached(cache, torch.tensor([0]), ids[5:], [3])  # tensor ids work
+        full = model(ids[None])[0]
+    assert rest.dtype == torch.float32
+    torch.testing.assert_close(torch.cat([first, rest]), full, atol=TOL, rtol=0)
