@@ -1,0 +1,151 @@
+"""docker/: compose, Prometheus and Grafana files validate; the dashboard queries exported metrics.
+
+The YAML files are written in YAML's JSON-compatible flow style (plus `#` comment lines), so the
+standard library validates them here; tests/serving/test_dashboard.py checks the dashboard's
+metric names against a scrape of the running CPU server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from avspec.serving.metrics import ALL_METRICS, HISTOGRAM
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+DASHBOARD = DOCKER / "grafana" / "dashboards" / "adaptive_verification.json"
+METRIC = re.compile(r"\b((?:av|nv)_[a-z_]+)\b")
+TRITON_METRICS = {"nv_inference_request_success"}
+
+
+def load_jsonish(path: Path):
+    """A JSON-style YAML file: drop `#` comment lines, parse the rest as JSON."""
+    lines = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
+    return json.loads("\n".join(lines))
+
+
+def exported_names() -> set[str]:
+    """Sample names the deployment exports (histograms as _bucket, _sum and _count)."""
+    names = set()
+    for spec in ALL_METRICS:
+        if spec.kind == HISTOGRAM:
+            names |= {f"{spec.name}_bucket", f"{spec.name}_sum", f"{spec.name}_count"}
+        else:
+            names.add(spec.name)
+    return names
+
+
+def dashboard_metric_names(dashboard: dict) -> set[str]:
+    return {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in METRIC.findall(target["expr"])
+    }
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return load_jsonish(DOCKER / "compose.yaml")
+
+
+def test_compose_services_build_and_mount_existing_files(compose: dict) -> None:
+    services = compose["services"]
+    assert set(services) == {"triton", "prometheus", "grafana"}
+    build = services["triton"]["build"]
+    context = (DOCKER / build["context"]).resolve()
+    assert context == ROOT and (context / build["dockerfile"]).is_file()
+    devices = services["triton"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+    assert "8002:8002" in services["triton"]["ports"]
+    for name in ("prometheus", "grafana"):
+        image = services[name]["image"]
+        assert re.fullmatch(r"[\w./-]+:v?\d[\w.]*", image), f"{name} image must be pinned: {image}"
+        for volume in services[name]["volumes"]:
+            source = volume.split(":")[0]
+            assert (DOCKER / source).exists(), volume
+    named = {v.split(":")[0] for v in services["triton"]["volumes"] if not v.startswith(("$", "."))}
+    assert named <= set(compose["volumes"])
+
+
+def test_dockerfile_uses_the_trtllm_image_and_copies_what_exists() -> None:
+    text = (DOCKER / "Dockerfile").read_text()
+    assert "ARG TRITON_TAG=24.12" in text
+    assert "FROM nvcr.io/nvidia/tritonserver:${TRITON_TAG}-trtllm-python-py3" in text
+    for line in text.splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), source
+    ignore = (DOCKER / "Dockerfile.dockerignore").read_text()
+    for kept in ("backend/avspec", "model_repository/", "model_repository_gpu/", "client/"):
+        assert f"!{kept}" in ignore, kept
+    entry = DOCKER / "serve_gpu.sh"
+    assert os.access(entry, os.X_OK)
+    subprocess.run(["bash", "-n", str(entry)], check=True)
+
+
+def test_serve_script_loads_exactly_the_gpu_deployment() -> None:
+    def config(name: str) -> mc.ModelConfig:
+        for directory in (ROOT / "model_repository" / name, ROOT / "model_repository_gpu" / name):
+            for path in (directory / "configs" / "gpu.pbtxt", directory / "config.pbtxt"):
+                if path.is_file():
+                    return text_format.Parse(path.read_text(), mc.ModelConfig())
+        raise AssertionError(name)
+
+    def param(cfg: mc.ModelConfig, key: str) -> str:
+        return cfg.parameters[key].string_value
+
+    step_model = param(config("speculative"), "step_model")
+    steps = [s.model_name for s in config(step_model).ensemble_scheduling.step]
+    engine = param(config("trtllm_target"), "trtllm_model")
+    wanted = {"speculative", step_model, *steps, engine}
+    loaded = set(re.findall(r"--load-model=(\w+)", (DOCKER / "serve_gpu.sh").read_text()))
+    assert loaded == wanted
+
+
+def test_prometheus_scrapes_the_metrics_port(compose: dict) -> None:
+    config = load_jsonish(DOCKER / "prometheus.yml")
+    targets = {
+        job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]]
+        for job in config["scrape_configs"]
+    }
+    assert targets["triton"] == ["triton:8002"]
+    assert "triton" in compose["services"]
+    assert targets["host"] == ["host.docker.internal:8002"]
+    assert "host.docker.internal:host-gateway" in compose["services"]["prometheus"]["extra_hosts"]
+
+
+def test_grafana_provisioning_points_at_the_dashboard(compose: dict) -> None:
+    datasources = load_jsonish(DOCKER / "grafana/provisioning/datasources/prometheus.yaml")
+    (source,) = datasources["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    providers = load_jsonish(DOCKER / "grafana/provisioning/dashboards/avspec.yaml")
+    path = providers["providers"][0]["options"]["path"]
+    mounts = dict(v.rsplit(":", 2)[:2] for v in compose["services"]["grafana"]["volumes"])
+    assert mounts["./grafana/dashboards"] == path
+    dashboard = json.loads(DASHBOARD.read_text())
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == source["uid"], panel["title"]
+        assert all(t["datasource"]["uid"] == source["uid"] for t in panel["targets"])
+
+
+def test_dashboard_is_well_formed_and_covers_every_av_metric() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)) and dashboard["uid"] and dashboard["title"]
+    for panel in dashboard["panels"]:
+        assert set(panel["gridPos"]) == {"h", "w", "x", "y"} and panel["targets"]
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)) and all(t["expr"].strip() for t in panel["targets"])
+    queried = dashboard_metric_names(dashboard)
+    assert queried - TRITON_METRICS <= exported_names(), queried - exported_names()
+    for spec in ALL_METRICS:
+        assert any(name.startswith(spec.name) for name in queried), f"no panel for {spec.name}"
