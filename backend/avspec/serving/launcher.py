@@ -295,8 +295,15 @@ def _request_stop(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the server until SIGINT/SIGTERM or until it dies; return the exit status."""
     args = parse_args(argv)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _request_stop)
+    previous = {s: signal.signal(s, _request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _serve(args)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _serve(args: argparse.Namespace) -> int:
     server = None
     try:
         server = ServerProcess(
