@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from avspec.model_dir import save_model_dir
 from avspec.tokenizer import ByteTokenizer
 from avspec.training import (
     TOPICS_PREFIX,
@@ -18,6 +19,7 @@ from avspec.training import (
     heldout_prompts,
     is_held_out,
     lr_at,
+    model_card,
     sample,
     split_files,
     train_model,
@@ -121,3 +123,30 @@ def test_heldout_prompts_and_sample():
     assert ByteTokenizer().decode(prompts[0].tolist()) == "Some prose h"
     text = sample(tiny_model(0), "ab", 5, torch.Generator().manual_seed(0))
     assert text.startswith("ab")
+
+
+def test_model_card_lists_both_models_and_the_curve(tmp_path):
+    models = {}
+    for name in ("draft", "target"):
+        save_model_dir(tmp_path / name, tiny_model(0), ByteTokenizer())
+        models[name] = {"config": TINY.to_dict(), "parameters": 1234, "train_seconds": 90.0,
+                        "settings": {"steps": 10, "batch": 2, "seq": 16}}  # fmt: skip
+    log = {
+        "python": "3.11.7",
+        "torch": "2.13.0",
+        "corpus": {
+            "train_files": 9,
+            "train_bytes": 1000,
+            "held_out_files": 1,
+            "held_out_bytes": 99,
+        },
+        "models": models,
+        "report": {
+            "held_out_bpb": {"draft": 2.5, "target": 2.0},
+            "acceptance_by_position": {"code": [0.7] * 8},
+            "samples": {"target": {"python": "def f():"}},
+        },
+    }
+    card = model_card(tmp_path, log)
+    assert "| target | 1 | 16 | 2 | 1,234 |" in card and "| 2.000 |" in card
+    assert "| code | 0.700 |" in card and "def f():" in card
