@@ -37,7 +37,7 @@ serve: $(STAMP)
 	$(PY) -m avspec.serving.launcher --model-repository model_repository \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
 
-# Retrain the default draft/target pair (reproducible from the seed and step counts; ~1 h on 2 cores).
+# Retrain the default draft/target pair + MODEL_CARD.md (reproducible from seed and steps; ~40 min).
 models: $(STAMP)
 	$(PY) -m avspec.training --out models --seed 0 --draft-steps 1500 --target-steps 800
 
