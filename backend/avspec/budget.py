@@ -41,11 +41,10 @@ def choose_budget(
     ordered = torch.sort(scores.double(), descending=True).values
     expected = num_requests + torch.cat([ordered.new_zeros(1), torch.cumsum(ordered, dim=0)])
     sizes = torch.arange(scores.shape[0] + 1, device=device)
-    base = torch.as_tensor(base_tokens, device=device)
-    cost = (
-        draft_cost(torch.as_tensor(num_requests, device=device)).double()
-        + verify_cost(base + sizes).double()
-    )
+    # The draft cost is a host-side lookup (num_requests is a Python int); building device
+    # tensors from Python numbers would be a blocking host-to-device copy on CUDA.
+    draft_ms = float(draft_cost(float(num_requests)))
+    cost = draft_ms + verify_cost(sizes + base_tokens).double()
     # A zero-cost table would divide by zero; a tiny floor keeps the ratio ordered.
     ratio = expected / cost.clamp_min(1e-12)
     best = ratio == ratio.max()
