@@ -197,7 +197,10 @@ class ServerProcess:
         while pending:
             code = self.process.poll() if self.process is not None else -1
             if code is not None:
-                raise ServerError(f"tritonserver exited with code {code} before it was ready")
+                raise ServerError(
+                    f"tritonserver exited with code {code} before it was ready "
+                    "(its log says which model failed and why)"
+                )
             if time.monotonic() > deadline:
                 raise ServerError(
                     f"tritonserver not ready after {self.ready_timeout_s:.0f} s "
