@@ -255,3 +255,34 @@ def oracle_bound(
     out["oracle_gain"] = oracle / fixed - 1 if fixed else math.nan
     out["fraction"] = (av - fixed) / (oracle - fixed) if oracle > fixed else math.nan
     return out
+
+
+def goal_checks(
+    points: list[dict[str, Any]], workload: str, av_arm: str, fixed_arms: Sequence[str]
+) -> dict[str, Any]:
+    """The issue's end-to-end goals for one workload, from points passed to mark_frontier.
+
+    fixed_arms: the fixed-K arms, the last one being fixed Kmax. Returns the AV / fixed Kmax
+    output tokens/s ratio at the highest concurrency, the AV / best fixed K ratio at the lowest,
+    and at how many concurrencies the AV point is on the frontier. Missing arms give NaN.
+    """
+    table = {(p["concurrency"], p["arm"]): p for p in points if p["workload"] == workload}
+    levels = sorted({c for c, _ in table})
+
+    def tps(c: int, arm: str) -> float:
+        return float(table[(c, arm)][Y_KEY]) if (c, arm) in table else math.nan
+
+    low, high = (levels[0], levels[-1]) if levels else (0, 0)
+    best_fixed_low = max((tps(low, a) for a in fixed_arms), default=math.nan)
+    av_on = [c for c in levels if table.get((c, av_arm), {}).get("on_frontier")]
+    return {
+        "high_concurrency": high,
+        "av_over_fixed_kmax_at_high": tps(high, av_arm) / tps(high, fixed_arms[-1])
+        if fixed_arms
+        else math.nan,
+        "low_concurrency": low,
+        "av_over_best_fixed_at_low": tps(low, av_arm) / best_fixed_low,
+        "av_on_frontier": av_on,
+        "av_on_frontier_count": len(av_on),
+        "concurrencies": len(levels),
+    }

@@ -10,9 +10,12 @@ import pytest
 from avspec.config import EstimatorConfig
 from avspec.cost_table import CostTable
 from avspec.frontier import (
+    X_KEY,
+    Y_KEY,
     RecordedSteps,
     RequestRecord,
     frontier_by_concurrency,
+    goal_checks,
     inter_token_latencies,
     mark_frontier,
     oracle_bound,
@@ -204,3 +207,21 @@ def test_oracle_bound_custom_config_and_validation():
         steps([0], [5], [0], [1])
     with pytest.raises(ValueError, match="base_tokens"):
         steps([0], [1], [3], [1], base=[1])
+
+
+def test_goal_checks():
+    def point(c, arm, x, y):
+        return {"workload": "w", "concurrency": c, "arm": arm, X_KEY: x, Y_KEY: y}
+
+    points = [
+        point(1, "k1", 10, 10), point(1, "k2", 11, 11), point(1, "av2", 10.5, 10.45),
+        point(8, "k1", 3, 30), point(8, "k2", 2, 40), point(8, "av2", 2.5, 50),
+    ]  # fmt: skip
+    mark_frontier(points)
+    g = goal_checks(points, "w", "av2", ["k1", "k2"])
+    assert g["av_over_fixed_kmax_at_high"] == pytest.approx(50 / 40)
+    assert g["av_over_best_fixed_at_low"] == pytest.approx(10.45 / 11)
+    assert g["av_on_frontier"] == [8] and g["av_on_frontier_count"] == 1
+    assert g["concurrencies"] == 2 and (g["low_concurrency"], g["high_concurrency"]) == (1, 8)
+    missing = goal_checks(points, "w", "av4", ["k1", "k4"])
+    assert math.isnan(missing["av_over_fixed_kmax_at_high"]) and missing["av_on_frontier"] == []

@@ -1,0 +1,399 @@
+"""Serving benchmark: concurrency x arms x workloads against the `speculative` model over gRPC.
+
+Arms: `none` (no speculation), `k<N>` (fixed N drafts, AV off: all verified), `av<N>` (N drafts,
+adaptive verification on); `default` = none, k1..kKmax, avKmax. Each user is a closed loop (a new
+request as soon as its previous one ends) on one streaming gRPC connection; one response per
+decode step gives TTFT and inter-token latency. For each workload and concurrency the arms run
+in `--rounds` rounds, the arm order rotated every round, so drift hits every arm alike.
+Statistics and the frontier are defined in avspec.frontier (and docs/benchmarks.md).
+
+Writes to --out: points.json (config, every point, goals), points.csv, frontier_<workload>.png
+(throughput vs interactivity, AV highlighted), summary.txt (arms on the frontier per
+concurrency, goals).
+
+    python client/bench_serving.py --start-server --out bench/serving      # full sweep
+    python client/bench_serving.py --url 127.0.0.1:8001 --concurrency 1,4 --arms none,k2,av8 \
+        --workloads code --max-tokens 32 --out /tmp/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import queue
+import socket
+import sys
+import time
+import urllib.request
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tqdm import tqdm
+
+from avspec.frontier import (
+    X_KEY,
+    Y_KEY,
+    RequestRecord,
+    frontier_by_concurrency,
+    goal_checks,
+    mark_frontier,
+    summarize_arm,
+)
+
+MODEL = "speculative"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    num_draft_tokens: int
+    adaptive: bool
+
+
+def parse_arms(spec: str, kmax: int) -> list[Arm]:
+    """`default` or a comma list of none / k<N> / av<N> (1 <= N <= kmax)."""
+    names = ["none", *(f"k{k}" for k in range(1, kmax + 1)), f"av{kmax}"]
+    names = names if spec == "default" else [s.strip() for s in spec.split(",") if s.strip()]
+    arms = []
+    for name in names:
+        if name == "none":
+            arms.append(Arm(name, 0, False))
+            continue
+        prefix = "av" if name.startswith("av") else "k" if name.startswith("k") else None
+        digits = name[len(prefix) :] if prefix else ""
+        if not digits.isdigit() or not 1 <= int(digits) <= kmax:
+            raise ValueError(f"bad arm {name!r}: use none, k<N> or av<N> with 1 <= N <= {kmax}")
+        arms.append(Arm(name, int(digits), prefix == "av"))
+    if len({a.name for a in arms}) != len(arms):
+        raise ValueError(f"duplicate arms in {spec!r}")
+    return arms
+
+
+class StreamClient:
+    """One gRPC bidirectional stream; responses are timestamped in the callback."""
+
+    def __init__(self, url: str, args: argparse.Namespace) -> None:
+        self.args = args
+        self.results: queue.Queue = queue.Queue()
+        self.client = grpcclient.InferenceServerClient(url)
+        self.client.start_stream(callback=self._on_response)
+
+    def _on_response(self, result: Any, error: Any) -> None:
+        self.results.put((time.perf_counter(), result, error))
+
+    def send(self, request_id: str, prompt: str, arm: Arm, seed: int) -> None:
+        a = self.args
+        values = {
+            "text_input": (np.array([prompt.encode()], dtype=object), "BYTES"),
+            "max_tokens": (np.array([a.max_tokens], dtype=np.int32), "INT32"),
+            "temperature": (np.array([a.temperature], dtype=np.float32), "FP32"),
+            "top_p": (np.array([a.top_p], dtype=np.float32), "FP32"),
+            "random_seed": (np.array([seed], dtype=np.uint64), "UINT64"),
+            "stream": (np.array([True]), "BOOL"),
+            "num_draft_tokens": (np.array([arm.num_draft_tokens], dtype=np.int32), "INT32"),
+            "adaptive_verification": (np.array([arm.adaptive]), "BOOL"),
+        }
+        inputs = []
+        for name, (array, datatype) in values.items():
+            tensor = grpcclient.InferInput(name, [1], datatype)
+            tensor.set_data_from_numpy(array)
+            inputs.append(tensor)
+        self.client.async_stream_infer(
+            MODEL, inputs, request_id=request_id, enable_empty_final_response=True
+        )
+
+    def close(self) -> None:
+        self.client.stop_stream(cancel_requests=True)
+        self.client.close()
+
+
+def run_phase(
+    client: StreamClient,
+    prompts: list[str],
+    arm: Arm,
+    concurrency: int,
+    num_requests: int,
+    tag: str,
+    bar: tqdm | None = None,
+) -> tuple[list[RequestRecord], float]:
+    """Closed loop of `concurrency` users until `num_requests` requests finish; (records, s).
+
+    Request i uses prompt i (cycled) and seed `--seed` + i, the same for every arm.
+    """
+    pending: dict[str, RequestRecord] = {}
+    done: list[RequestRecord] = []
+    sent = 0
+
+    def launch() -> None:
+        nonlocal sent
+        request_id = f"{tag}-{sent}"
+        pending[request_id] = RequestRecord(sent=time.perf_counter())
+        client.send(request_id, prompts[sent % len(prompts)], arm, client.args.seed + sent)
+        sent += 1
+
+    start = time.perf_counter()
+    for _ in range(min(concurrency, num_requests)):
+        launch()
+    while pending:
+        try:
+            t, result, error = client.results.get(timeout=client.args.request_timeout)
+        except queue.Empty:
+            raise RuntimeError(f"no response for {client.args.request_timeout} s") from None
+        if error is not None:
+            raise RuntimeError(f"request failed ({arm.name}, concurrency {concurrency}): {error}")
+        response = result.get_response()
+        record = pending[response.id]
+        if response.outputs:
+            record.chunk_times.append(t)
+            record.chunk_tokens.append(len(result.as_numpy("text_output")[0]))
+            record.drafted += int(result.as_numpy("drafted_tokens")[0])
+            record.verified += int(result.as_numpy("verified_tokens")[0])
+            record.accepted += int(result.as_numpy("accepted_tokens")[0])
+        if response.parameters["triton_final_response"].bool_param:
+            done.append(pending.pop(response.id))
+            if bar is not None:
+                bar.update(1)
+            if sent < num_requests:
+                launch()
+    return done, time.perf_counter() - start
+
+
+def load_prompts(directory: Path, workload: str, count: int) -> list[str]:
+    lines = (directory / f"{workload}.jsonl").read_text(encoding="utf-8").splitlines()
+    prompts = [json.loads(line)["prompt"] for line in lines if line.strip()]
+    count = min(count, len(prompts))
+    return [prompts[i * len(prompts) // count] for i in range(count)]
+
+
+def sweep(client: StreamClient, args: argparse.Namespace, arms: list[Arm]) -> list[dict]:
+    """Run every (workload, concurrency, round, arm) phase; return one point per arm."""
+    phases = [
+        (w, c, r, arms[(i + r) % len(arms)])
+        for w in args.workloads
+        for c in args.concurrency
+        for r in range(args.rounds)
+        for i in range(len(arms))
+    ]
+    total = sum(requests_per_phase(args, c) for _, c, _, _ in phases)
+    prompts = {w: load_prompts(args.workload_dir, w, args.prompts) for w in args.workloads}
+    if args.warmup_requests:
+        av = [a for a in arms if a.adaptive] or arms
+        c = max(args.concurrency)
+        run_phase(client, prompts[args.workloads[0]], av[0], c, args.warmup_requests, "warmup")
+    runs: dict[tuple[str, int, str], tuple[list[RequestRecord], float]] = {}
+    with tqdm(total=total, desc="bench", unit="req", file=sys.stderr) as bar:
+        for n, (w, c, r, arm) in enumerate(phases):
+            bar.set_postfix_str(f"{w} c={c} {arm.name} round {r + 1}")
+            records, wall = run_phase(
+                client, prompts[w], arm, c, requests_per_phase(args, c), f"p{n}", bar
+            )
+            old_records, old_wall = runs.get((w, c, arm.name), ([], 0.0))
+            runs[(w, c, arm.name)] = (old_records + records, old_wall + wall)
+    by_name = {a.name: a for a in arms}
+    points = []
+    for (w, c, name), (records, wall) in runs.items():
+        arm = by_name[name]
+        points.append(
+            {
+                "workload": w,
+                "concurrency": c,
+                "arm": name,
+                "num_draft_tokens": arm.num_draft_tokens,
+                "adaptive": arm.adaptive,
+                **summarize_arm(records, wall),
+            }
+        )
+    mark_frontier(points)
+    return points
+
+
+def requests_per_phase(args: argparse.Namespace, concurrency: int) -> int:
+    return max(args.requests_per_user * concurrency, args.min_requests)
+
+
+def write_outputs(out: Path, args: argparse.Namespace, arms: list[Arm], points: list[dict]) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    av = next((a.name for a in reversed(arms) if a.adaptive), "")
+    fixed = [a.name for a in arms if not a.adaptive and a.num_draft_tokens > 0]
+    goals = {w: goal_checks(points, w, av, fixed) for w in args.workloads} if av else {}
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    document = {"config": config, "points": points, "goals": goals}
+    (out / "points.json").write_text(json.dumps(document, indent=1) + "\n")
+    with (out / "points.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(points[0]))
+        writer.writeheader()
+        writer.writerows(points)
+    for w in args.workloads:
+        plot_frontier(out / f"frontier_{w}.png", w, points, av)
+    text = summary_text(args, points, goals, av)
+    (out / "summary.txt").write_text(text)
+    return text
+
+
+def plot_frontier(path: Path, workload: str, points: list[dict], av: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    group = [p for p in points if p["workload"] == workload]
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for arm in dict.fromkeys(p["arm"] for p in group):
+        pts = sorted((p for p in group if p["arm"] == arm), key=lambda p: p["concurrency"])
+        style = {"color": "red", "linewidth": 2.5, "zorder": 3} if arm == av else {"alpha": 0.6}
+        ax.plot([p[X_KEY] for p in pts], [p[Y_KEY] for p in pts], marker="o", label=arm, **style)
+        if arm == av:
+            for p in pts:
+                ax.annotate(f"c={p['concurrency']}", (p[X_KEY], p[Y_KEY]), fontsize=7)
+    front = sorted((p for p in group if p.get("on_frontier")), key=lambda p: p[X_KEY])
+    ax.plot([p[X_KEY] for p in front], [p[Y_KEY] for p in front], "k--", lw=1, label="frontier")
+    ax.set_xlabel("tokens/s per user (interactivity)")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(f"{workload}: throughput vs interactivity ({av} in red)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def summary_text(args: argparse.Namespace, points: list[dict], goals: dict, av: str) -> str:
+    lines = [
+        f"bench_serving: temperature {args.temperature}, top-p {args.top_p}, max_tokens "
+        f"{args.max_tokens}, rounds {args.rounds}",
+    ]
+    for w in args.workloads:
+        lines += ["", f"== {w} =="]
+        lines.append(
+            f"{'conc':>4} {'arm':>5} {'tok/s':>8} {'tok/s/user':>10} {'TTFT ms':>8} "
+            f"{'ITL p50':>8} {'ITL p99':>8} {'acc/pass':>8} {'frontier':>8}"
+        )
+        rows = sorted((p for p in points if p["workload"] == w), key=lambda p: p["concurrency"])
+        for p in rows:
+            lines.append(
+                f"{p['concurrency']:>4} {p['arm']:>5} {p[Y_KEY]:>8.1f} {p[X_KEY]:>10.1f} "
+                f"{p['ttft_ms_median']:>8.1f} {p['itl_ms_median']:>8.1f} {p['itl_ms_p99']:>8.1f} "
+                f"{p['accepted_per_pass']:>8.2f} {'*' if p.get('on_frontier') else '':>8}"
+            )
+        for c, on in frontier_by_concurrency(points, w).items():
+            lines.append(f"concurrency {c}: on the frontier: {', '.join(on) or '-'}")
+        g = goals.get(w)
+        if g:
+            lines.append(
+                f"goals: {av} / fixed Kmax at c={g['high_concurrency']}: "
+                f"{g['av_over_fixed_kmax_at_high']:.3f} (goal >= 1.2); {av} / best fixed K at "
+                f"c={g['low_concurrency']}: {g['av_over_best_fixed_at_low']:.3f} (goal >= 0.97); "
+                f"{av} on the frontier at {g['av_on_frontier_count']} of {g['concurrencies']} "
+                f"concurrencies {g['av_on_frontier']}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def scrape_estimator(metrics_url: str) -> dict[str, float]:
+    """The server's av_* gauges and counters (coefficients, calibration, token counts)."""
+    from avspec.serving.metrics import parse_metrics
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        samples = parse_metrics(response.read().decode())
+    out = {}
+    for (name, labels), value in sorted(samples.items(), key=lambda kv: kv[0][0]):
+        if name.startswith("av_") and not name.startswith("av_step_batch_size"):
+            suffix = ",".join(f"{k}={v}" for k, v in sorted(labels))
+            out[f"{name}{{{suffix}}}" if suffix else name] = value
+    return out
+
+
+def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
+    """Start a server on a copy of --model-repository (snapshot in --out); return its URLs."""
+    from avspec.serving.launcher import ServerProcess
+    from avspec.serving.repository import build_test_repository
+
+    work = args.out / "server"
+    snapshot = work / "estimator_snapshot.json"
+    if work.exists():
+        import shutil
+
+        shutil.rmtree(work)
+    overrides: dict[str, dict[str, object]] = {"verifier": {"snapshot_path": snapshot}}
+    if args.cost_tables is not None:
+        overrides["verifier"]["cost_tables"] = args.cost_tables.resolve()
+    repo = build_test_repository(args.model_repository, work / "model_repository", overrides)
+    ports = [_free_port() for _ in range(3)]
+    server = ServerProcess(repo, *ports, log_path=work / "tritonserver.log")
+    stack.enter_context(server)
+    return server.grpc_url, server.metrics_url
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument("--url", default="127.0.0.1:8001", help="gRPC address of a running server")
+    p.add_argument("--metrics-url", default=None, help="scrape av_* metrics at the end")
+    p.add_argument("--start-server", action="store_true", help="start one (free ports)")
+    p.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
+    p.add_argument("--cost-tables", type=Path, default=None, help="verifier cost tables JSON")
+    p.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="comma list")
+    p.add_argument("--kmax", type=int, default=8, help="the server's max_draft_tokens")
+    p.add_argument("--arms", default="default", help="default or none,k<N>,av<N>,...")
+    p.add_argument("--workloads", default="code,prose,high_entropy", help="comma list")
+    p.add_argument("--workload-dir", type=Path, default=ROOT / "workloads")
+    p.add_argument("--prompts", type=int, default=64, help="prompts per workload (cycled)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=int, default=2, help="alternations of the arms per point")
+    p.add_argument("--requests-per-user", type=int, default=2, help="per phase, x concurrency")
+    p.add_argument("--min-requests", type=int, default=4, help="per phase at least")
+    p.add_argument("--warmup-requests", type=int, default=64, help="AV requests, not measured")
+    p.add_argument("--request-timeout", type=float, default=300.0, help="s without a response")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    args = p.parse_args(argv)
+    args.concurrency = sorted({int(c) for c in args.concurrency.split(",") if c})
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    if not args.concurrency or min(args.concurrency) < 1 or not args.workloads:
+        p.error("need concurrency values >= 1 and at least one workload")
+    try:
+        args.arm_list = parse_arms(args.arms, args.kmax)
+    except ValueError as err:
+        p.error(str(err))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    arms = args.arm_list
+    del args.arm_list
+    with ExitStack() as stack:
+        url, metrics_url = args.url, args.metrics_url
+        if args.start_server:
+            url, metrics_url = start_server(stack, args)
+        client = StreamClient(url, args)
+        stack.callback(client.close)
+        start = time.monotonic()
+        points = sweep(client, args, arms)
+        elapsed = time.monotonic() - start
+        args.server_metrics = scrape_estimator(metrics_url) if metrics_url else {}
+        args.elapsed_s = round(elapsed, 1)
+        print(write_outputs(args.out, args, arms, points), end="")
+        print(f"wrote {args.out} in {elapsed:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
