@@ -45,12 +45,12 @@ models: $(STAMP)
 workloads: $(STAMP)
 	$(PY) -m avspec.workloads --out workloads
 
-# Reduced serving benchmark (docs/benchmarks.md): starts its own server on free ports, one
-# workload, concurrency 1/4/16/64, arms none/k2/k4/k8/av8; ~10 min on 2 CPU cores. The full sweep
-# is `$(PY) client/bench_serving.py --start-server --cost-tables $(BENCH_COSTS) --out bench/full`.
+# Reduced serving benchmark (docs/benchmarks.md): starts its own server on free ports; workloads
+# code and high_entropy, concurrency 1/4/16/64, arms none/k2/k4/k8/av8; ~8 min on 2 CPU cores.
+# Full sweep: $(PY) client/bench_serving.py --start-server --cost-tables $(BENCH_COSTS) --out bench/full
 BENCH_COSTS ?= $(firstword $(wildcard models/cost_tables.json) bench/cost_tables.json)
 bench: $(STAMP)
 	$(PY) client/bench_serving.py --start-server \
 		$(if $(wildcard $(BENCH_COSTS)),--cost-tables $(BENCH_COSTS)) \
-		--concurrency 1,4,16,64 --arms none,k2,k4,k8,av8 --workloads code --prompts 64 \
-		--max-tokens 32 --rounds 2 --warmup-requests 128 --out bench/reduced
+		--concurrency 1,4,16,64 --arms none,k2,k4,k8,av8 --workloads code,high_entropy \
+		--prompts 64 --max-tokens 32 --rounds 2 --warmup-requests 128 --out bench/reduced

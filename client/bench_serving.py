@@ -323,6 +323,9 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     overrides: dict[str, dict[str, object]] = {"verifier": {"snapshot_path": snapshot}}
     if args.cost_tables is not None:
         overrides["verifier"]["cost_tables"] = args.cost_tables.resolve()
+    for model, directory in (("target", args.target_dir), ("draft", args.draft_dir)):
+        if directory is not None:
+            overrides[model] = {"model_dir": directory.resolve()}
     repo = build_test_repository(args.model_repository, work / "model_repository", overrides)
     ports = [_free_port() for _ in range(3)]
     server = ServerProcess(repo, *ports, log_path=work / "tritonserver.log")
@@ -347,6 +350,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--start-server", action="store_true", help="start one (free ports)")
     p.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
     p.add_argument("--cost-tables", type=Path, default=None, help="verifier cost tables JSON")
+    p.add_argument("--target-dir", type=Path, default=None, help="with --start-server")
+    p.add_argument("--draft-dir", type=Path, default=None, help="with --start-server")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="comma list")
     p.add_argument("--kmax", type=int, default=8, help="the server's max_draft_tokens")
     p.add_argument("--arms", default="default", help="default or none,k<N>,av<N>,...")
