@@ -254,7 +254,8 @@ def model_card(out: Path, log: dict) -> str:
         "",
         "Byte-level pre-norm GPTs with rotary positions (`avspec.transformer`), trained by",
         f"`{COMMAND}` (`make models`) on Python {log['python']}, torch {log['torch']}, "
-        "CPU fp32. Reproducible from the seed, the step counts and the thread count on the same",
+        "CPU fp32, one torch thread. Reproducible from the seed, the step counts and the thread",
+        "count on the same",
         "Python version (the corpus is that version's standard library).",
         "",
         "## Data",
@@ -295,6 +296,12 @@ def model_card(out: Path, log: dict) -> str:
     ]
     for kind, curve in rep["acceptance_by_position"].items():
         lines.append(f"| {kind} | " + " | ".join(f"{a:.3f}" for a in curve) + " |")
+    lines += [
+        "",
+        "Each entry is the acceptance rate of one position given that the drafts before it were",
+        "made; a draft at depth k is used only if all k - 1 before it were accepted, so the chance",
+        "of reaching depth k falls roughly as the product of the entries before it.",
+    ]
     lines += ["", "## Samples (temperature 1, top-p 0.95, 160 bytes)", ""]
     for name, samples in rep["samples"].items():
         for kind, text in samples.items():
