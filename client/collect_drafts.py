@@ -9,7 +9,8 @@ accept/reject outcome, and records per (step, request) row:
     logit_qmax (as served), served_pred (the online estimator's prediction at draft time),
     log_qmax, top2_margin, entropy, neg_log_neg_log_qmax, logit_qsampled      [rows, K]
     base_tokens                                              [steps] tokens run anyway
-    final_slope [workloads], final_intercepts [workloads, K] (online estimator at the end)
+    final_slope [workloads], final_intercepts [workloads, K] (online estimator at the end),
+    refit_interval []
 
 into one compressed .npz (float16 features would lose the clamp range; float32 is kept).
 Each workload gets a fresh estimator (starting values), as a freshly started server would.
@@ -165,6 +166,7 @@ def collect(args: argparse.Namespace) -> dict[str, np.ndarray]:
     data["final_slope"] = np.asarray(slopes, dtype=np.float32)
     data["final_intercepts"] = np.stack(intercepts).astype(np.float32)
     data["workloads"] = np.asarray(args.workloads)
+    data["refit_interval"] = np.asarray(args.refit_interval)
     return data
 
 

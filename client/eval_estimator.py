@@ -9,7 +9,9 @@ Reads the .npz of client/collect_drafts.py (every draft verified) and prints mar
 2. AUC and calibration by draft position (as served);
 3. per workload: offline-fitted slope and first intercept, the online estimator's final ones,
    acceptance rate and mean draft entropy;
-4. with --cost-tables: the oracle bound (avspec.frontier.oracle_bound) per workload.
+4. with --cost-tables: the oracle bound (avspec.frontier.oracle_bound) per workload, with the
+   AV replay started cold (reference starting values) and warm (the workload's offline fit, as
+   a server that has run long enough would hold).
 
 Writes everything as JSON to --out.
 
@@ -26,8 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from avspec.calibration import calibration_report
+from avspec.config import EstimatorConfig
+from avspec.estimator import AcceptanceEstimator
 from avspec.features_zoo import cross_fit_predictions, fit_logistic, label_matrix
 from avspec.frontier import RecordedSteps, oracle_bound
 from avspec.serving.adapters import load_cost_tables
@@ -95,6 +100,10 @@ def workload_coefficients(data: dict[str, np.ndarray], w: int) -> dict[str, floa
 
 
 def oracle_for(data: dict[str, np.ndarray], w: int, costs: tuple) -> dict[str, Any]:
+    """Oracle bound of one workload, the AV replay cold (starting values) and warm (offline fit).
+
+    Both replays refit every `refit_interval` steps, as the estimator did while collecting.
+    """
     rows = np.flatnonzero(data["workload"] == w)
     recorded = RecordedSteps(
         step=data["step"][rows].astype(np.int64),
@@ -104,7 +113,19 @@ def oracle_for(data: dict[str, np.ndarray], w: int, costs: tuple) -> dict[str, A
         features=data["logit_qmax"][rows],
         base_tokens=data["base_tokens"].astype(np.int64),
     )
-    return oracle_bound(recorded, *costs)
+    k = recorded.features.shape[1]
+    config = EstimatorConfig(num_positions=k, refit_interval=int(data.get("refit_interval", 100)))
+    cold = oracle_bound(recorded, *costs, config=config)
+    labels, mask = labelled(data, rows)
+    slope, intercepts = fit_logistic(recorded.features, labels, mask)
+    warm = AcceptanceEstimator(config)
+    warm.slope.fill_(max(slope, config.min_slope))
+    warm.intercepts.copy_(torch.as_tensor(intercepts, dtype=torch.float32))
+    warm_result = oracle_bound(recorded, *costs, estimator=warm)
+    cold["av_warm"] = warm_result["av"]
+    for key in ("av_gain", "fraction"):
+        cold[f"{key}_warm"] = warm_result[key]
+    return cold
 
 
 def fmt(x: float, digits: int = 4) -> str:
@@ -148,15 +169,18 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"| {name} | {c['labels']} | " + " | ".join(fmt(c[k], 3) for k in keys) + " |")
     if result.get("oracle"):
         print("\n### Oracle bound (modelled with the cost tables)\n")
-        print(
-            "| workload | fixed K tok/ms | AV tok/ms | oracle tok/ms | AV gain | oracle gain "
-            "| AV / oracle gain |"
-        )
-        print("|---|---|---|---|---|---|---|")
+        columns = ["workload", "fixed K tok/ms", "oracle tok/ms", "oracle gain"]
+        for start in ("cold", "warm"):
+            columns += [f"AV {start} tok/ms", f"AV {start} gain", f"AV {start} / oracle gain"]
+        print("| " + " | ".join(columns) + " |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for name, o in result["oracle"].items():
-            cells = [fmt(o[a]["tokens_per_ms"], 4) for a in ("fixed", "av", "oracle")]
-            cells += [f"{100 * o['av_gain']:+.1f}%", f"{100 * o['oracle_gain']:+.1f}%"]
-            cells.append(fmt(o["fraction"], 3))
+            cells = [fmt(o["fixed"]["tokens_per_ms"]), fmt(o["oracle"]["tokens_per_ms"])]
+            cells.append(f"{100 * o['oracle_gain']:+.1f}%")
+            for suffix, arm in (("", "av"), ("_warm", "av_warm")):
+                cells.append(fmt(o[arm]["tokens_per_ms"]))
+                cells.append(f"{100 * o['av_gain' + suffix]:+.1f}%")
+                cells.append(fmt(o["fraction" + suffix], 3))
             print(f"| {name} | " + " | ".join(cells) + " |")
 
 

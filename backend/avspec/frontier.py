@@ -206,15 +206,18 @@ def oracle_bound(
     draft_cost: CostTable,
     verify_cost: CostTable,
     config: EstimatorConfig | None = None,
+    estimator: AcceptanceEstimator | None = None,
 ) -> dict[str, Any]:
     """Tokens, modelled ms and tokens/ms of fixed K, oracle and AV, and AV's share of the gain.
 
-    config: the AV replay's estimator (default: the reference starting values, K = positions).
+    The AV replay uses `estimator` (e.g. warm-started; it is updated in place) or a fresh one
+    built from `config` (default: the reference starting values, K = positions).
     "fraction" = (AV - fixed) / (oracle - fixed) in tokens/ms; NaN if the oracle gains nothing.
     """
     positions = recorded.features.shape[1]
-    config = config or EstimatorConfig(num_positions=positions)
-    verifier = AdaptiveVerifier(AcceptanceEstimator(config), draft_cost, verify_cost)
+    if estimator is None:
+        estimator = AcceptanceEstimator(config or EstimatorConfig(num_positions=positions))
+    verifier = AdaptiveVerifier(estimator, draft_cost, verify_cost)
     totals = {arm: [0.0, 0.0] for arm in ("fixed", "oracle", "av")}
     prev_ids: list[int] = []
     prev_outcome = torch.zeros(0, dtype=torch.int32)

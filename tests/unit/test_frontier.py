@@ -9,6 +9,7 @@ import pytest
 
 from avspec.config import EstimatorConfig
 from avspec.cost_table import CostTable
+from avspec.estimator import AcceptanceEstimator
 from avspec.frontier import (
     X_KEY,
     Y_KEY,
@@ -181,6 +182,16 @@ def test_oracle_bound_custom_config_and_validation():
     cost = CostTable([0, 10], [1, 2])
     out = oracle_bound(rec, cost, cost, EstimatorConfig(num_positions=4, initial_intercept=3.0))
     assert out["fixed"]["tokens"] == 2
+    # 3 steps of one request rejecting its 4 drafts; verify 1 + size ms. A fresh estimator
+    # (p = sigmoid(-0.2) at feature 0) still verifies a draft; one warm-started at intercept -30
+    # verifies none after the first step (no stale scores there).
+    dear = steps([0] * 3, [4] * 3, [0, 1, 2], [1] * 3)
+    flat, steep = CostTable([0, 10], [1, 1]), CostTable([0, 10], [1, 11])
+    warm = AcceptanceEstimator(EstimatorConfig(num_positions=4))
+    warm.intercepts.fill_(-30.0)
+    fresh_ms = oracle_bound(dear, flat, steep)["av"]["ms"]
+    warm_ms = oracle_bound(dear, flat, steep, estimator=warm)["av"]["ms"]
+    assert warm_ms == pytest.approx(3 + (1 + 5) + 2 * (1 + 1)) and fresh_ms > warm_ms
     with pytest.raises(ValueError, match="num_accepted"):
         steps([3], [2], [0], [1])
     with pytest.raises(ValueError, match="non-decreasing"):
