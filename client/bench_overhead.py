@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""What the Triton hops cost: step time through the server vs the same step in-process.
+
+Runs the same greedy requests (same models, same cost tables, same K, AV on) two ways, side by
+side in one run, at each concurrency:
+  - in-process: avspec.scheduler.Scheduler driving avspec.speculative_step.SpeculativeStep;
+  - Triton: the `speculative` entry model of a real server (HTTP /generate, one thread per
+    request), whose scheduler makes one BLS call of the `speculative_step` ensemble per step.
+Step time = wall time / decode steps (the server's steps are read from av_step_batch_size_count).
+Greedy requests make both sides take the same steps. Prints a table and the Triton/in-process
+ratio; asserts nothing.
+
+    .venv/bin/python client/bench_overhead.py --concurrency 1,16 --max-tokens 48
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+from avspec.scheduler import GenerationRequest, Scheduler
+from avspec.serving.adapters import load_cost_tables
+from avspec.serving.launcher import ServerProcess
+from avspec.serving.metrics import metric_value, parse_metrics
+from avspec.speculative_step import SpeculativeStep
+from avspec.tokenizer import ByteTokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _prompts(workload: Path, count: int) -> list[str]:
+    lines = workload.read_text(encoding="utf-8").splitlines()[:count]
+    return [json.loads(line)["prompt"] for line in lines]
+
+
+def in_process(step: SpeculativeStep, prompts: list[str], max_tokens: int, k: int) -> tuple:
+    """(seconds, steps) for all prompts at once through one in-process scheduler."""
+    tokenizer = ByteTokenizer()
+    counter = {"steps": 0}
+
+    def counted(inputs):
+        if inputs.batch_size:
+            counter["steps"] += 1
+        return step(inputs)
+
+    scheduler = Scheduler(counted, tokenizer.eos_id, len(prompts), 512, k)
+    errors: list[Exception] = []
+    start = time.perf_counter()
+    for prompt in prompts:
+        request = GenerationRequest(
+            tokenizer.encode(prompt), max_tokens, temperature=0.0, num_draft_tokens=k
+        )
+        scheduler.submit(request, lambda report: None, errors.append)
+    scheduler.run_until_idle()
+    if errors:
+        raise RuntimeError(f"in-process request failed: {errors[0]!r}")
+    return time.perf_counter() - start, counter["steps"]
+
+
+def _steps_served(metrics_url: str) -> float:
+    with urllib.request.urlopen(metrics_url, timeout=30) as page:
+        text = page.read().decode()
+    return metric_value(parse_metrics(text), "av_step_batch_size_count") or 0.0
+
+
+def through_triton(server: ServerProcess, prompts: list[str], max_tokens: int, k: int) -> tuple:
+    """(seconds, steps) for all prompts at once, one HTTP /generate thread per prompt."""
+    url = f"{server.http_url}/v2/models/speculative/generate"
+    errors: list[str] = []
+
+    def one(prompt: str) -> None:
+        body = {"text_input": prompt, "max_tokens": max_tokens, "temperature": 0.0}
+        body["num_draft_tokens"] = k
+        request = urllib.request.Request(url, json.dumps(body).encode(), method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=600) as response:
+                response.read()
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(repr(err))
+
+    before = _steps_served(server.metrics_url)
+    threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"Triton request failed: {errors[0]}")
+    return seconds, _steps_served(server.metrics_url) - before
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", default="1,16", help="comma list of concurrencies")
+    parser.add_argument("--max-tokens", type=int, default=48, help="tokens per request")
+    parser.add_argument("--draft-tokens", type=int, default=8, help="K")
+    parser.add_argument("--repeats", type=int, default=2, help="alternating rounds per point")
+    parser.add_argument("--workload", type=Path, default=ROOT / "workloads" / "code.jsonl")
+    parser.add_argument("--ports", default="18100,18101,18102", help="HTTP,gRPC,metrics")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # the server runs every model process with one thread too
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    prompts = _prompts(args.workload, max(concurrencies))
+    draft_cost, verify_cost = load_cost_tables(ROOT / "models" / "cost_tables.json")
+    step = SpeculativeStep.from_model_dirs(
+        ROOT / "models" / "target", ROOT / "models" / "draft", args.draft_tokens,
+        max(concurrencies) + 4, 512, "cpu", draft_cost, verify_cost,
+    )  # fmt: skip
+    http, grpc, metrics = (int(p) for p in args.ports.split(","))
+    rows = []
+    with (
+        tempfile.TemporaryDirectory() as log_dir,
+        ServerProcess(ROOT / "model_repository", http, grpc, metrics,
+                      log_path=Path(log_dir) / "triton.log") as server,
+    ):  # fmt: skip
+        through_triton(server, prompts[:1], 8, args.draft_tokens)  # warm-up
+        in_process(step, prompts[:1], 8, args.draft_tokens)
+        for c in concurrencies:
+            local, served = [], []
+            for _ in range(args.repeats):  # alternate so drift hits both alike
+                local.append(in_process(step, prompts[:c], args.max_tokens, args.draft_tokens))
+                served.append(
+                    through_triton(server, prompts[:c], args.max_tokens, args.draft_tokens)
+                )
+            local_ms = 1e3 * sum(s for s, _ in local) / sum(n for _, n in local)
+            served_ms = 1e3 * sum(s for s, _ in served) / sum(n for _, n in served)
+            rows.append((c, local_ms, served_ms, local[0][1], served[0][1]))
+    print(f"{'concurrency':>11} {'in-process ms/step':>19} {'Triton ms/step':>15} {'ratio':>6}"
+          f" {'steps (in-proc/Triton)':>23}")  # fmt: skip
+    for c, local_ms, served_ms, local_steps, served_steps in rows:
+        print(f"{c:>11} {local_ms:>19.1f} {served_ms:>15.1f} {served_ms / local_ms:>6.2f}"
+              f" {local_steps:>11}/{served_steps:<11.0f}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
