@@ -182,6 +182,12 @@ def print_report(result: dict[str, Any]) -> None:
                 cells.append(f"{100 * o['av_gain' + suffix]:+.1f}%")
                 cells.append(fmt(o["fraction" + suffix], 3))
             print(f"| {name} | " + " | ".join(cells) + " |")
+        print("\nStatic trim (verify the first k of the drafts of every request), tokens/ms:\n")
+        k = len(next(iter(result["oracle"].values()))["trim_to_k"]) - 1
+        print("| workload | " + " | ".join(f"k={i}" for i in range(k + 1)) + " |")
+        print("|---|" + "---|" * (k + 1))
+        for name, o in result["oracle"].items():
+            print(f"| {name} | " + " | ".join(fmt(x) for x in o["trim_to_k"]) + " |")
 
 
 def evaluate(data: dict[str, np.ndarray], cost_tables: Path | None) -> dict[str, Any]:

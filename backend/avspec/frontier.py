@@ -20,7 +20,8 @@ Oracle bound (spec section 4 cost model): from steps recorded with every draft v
   draft(N) + verify(T + sum a_r);
 - AV: the verifier (fresh estimator, same budget rule) replayed over the recorded features,
   each request verifying v_r drafts: tokens sum(min(v_r, a_r) + 1), cost
-  draft(N) + verify(T + sum v_r); its outcome min(v_r, a_r) labels the estimator next step.
+  draft(N) + verify(T + sum v_r); its outcome min(v_r, a_r) labels the estimator next step;
+- static trim to k: v_r = min(k, n_r) for every request, same tokens and cost rules as AV.
 Acceptance is sequential, so verifying a prefix of v_r drafts accepts min(v_r, a_r) of them.
 """
 
@@ -213,12 +214,15 @@ def oracle_bound(
     The AV replay uses `estimator` (e.g. warm-started; it is updated in place) or a fresh one
     built from `config` (default: the reference starting values, K = positions).
     "fraction" = (AV - fixed) / (oracle - fixed) in tokens/ms; NaN if the oracle gains nothing.
+    "trim_to_k"[k]: tokens/ms of verifying the first min(k, n_r) drafts of every request (a
+    static trim, same draft cost), k = 0..positions.
     """
     positions = recorded.features.shape[1]
     if estimator is None:
         estimator = AcceptanceEstimator(config or EstimatorConfig(num_positions=positions))
     verifier = AdaptiveVerifier(estimator, draft_cost, verify_cost)
     totals = {arm: [0.0, 0.0] for arm in ("fixed", "oracle", "av")}
+    by_k = [[0.0, 0.0] for _ in range(positions + 1)]
     prev_ids: list[int] = []
     prev_outcome = torch.zeros(0, dtype=torch.int32)
     bounds = np.flatnonzero(np.diff(recorded.step)) + 1
@@ -248,11 +252,16 @@ def oracle_bound(
         ):
             totals[arm][0] += arm_tokens
             totals[arm][1] += draft_ms + float(verify_cost(float(base + verified)))
+        for k in range(positions + 1):
+            verified_k = np.minimum(n, k)
+            by_k[k][0] += float((np.minimum(verified_k, a) + 1).sum())
+            by_k[k][1] += draft_ms + float(verify_cost(float(base + verified_k.sum())))
         prev_ids, prev_outcome = ids, torch.as_tensor(got, dtype=torch.int32)
     out: dict[str, Any] = {
         arm: {"tokens": t, "ms": ms, "tokens_per_ms": t / ms if ms else math.nan}
         for arm, (t, ms) in totals.items()
     }
+    out["trim_to_k"] = [t / ms if ms else math.nan for t, ms in by_k]
     fixed, oracle, av = (out[k]["tokens_per_ms"] for k in ("fixed", "oracle", "av"))
     out["av_gain"] = av / fixed - 1 if fixed else math.nan
     out["oracle_gain"] = oracle / fixed - 1 if fixed else math.nan

@@ -151,6 +151,9 @@ def test_oracle_bound_hand_computed():
     assert out["oracle"]["tokens"] == 12 and out["oracle"]["ms"] == pytest.approx(34)
     assert out["oracle_gain"] == pytest.approx(42 / 34 - 1)
     assert out["av"]["tokens"] <= 12 and out["av"]["ms"] <= 42
+    # static trim to 1: tokens (1+1)+(1+1)+(0+1)+(1+1) = 7, ms 2 * (1 + 10 + 2 + 2) = 30
+    assert out["trim_to_k"][1] == pytest.approx(7 / 30)
+    assert out["trim_to_k"][4] == pytest.approx(out["fixed"]["tokens_per_ms"])
 
 
 def test_oracle_bound_av_verifies_everything_when_verification_is_free():
