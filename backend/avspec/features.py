@@ -44,10 +44,11 @@ def logit_qmax(
     temp = torch.where(temp == 0, torch.ones_like(temp), temp)
     temp = temp.reshape(-1, 1, 1) if temp.dim() == 1 else temp
     z = logits.float() / temp  # [batch, position, vocab]
-    top = z.argmax(dim=-1, keepdim=True)  # [batch, position, 1]
-    m = z.gather(-1, top)
-    shifted = (z - m).scatter(-1, top, float("-inf"))
-    # An all -inf row gives m = -inf and NaN in z - m; those rows count as one-hot (+clamp).
-    shifted = torch.where(torch.isnan(shifted), float("-inf"), shifted)
-    f = -torch.logsumexp(shifted, dim=-1)  # [batch, position]
+    m, top = z.max(dim=-1, keepdim=True)  # [batch, position, 1]
+    # exp(z - m) of the non-max entries, summed: no subtraction from 1, so no cancellation
+    # when q_max is close to 1 (the sum just shrinks towards 0 and f towards +clamp).
+    others = torch.exp(z - m).scatter_(-1, top, 0.0)
+    f = -torch.log(others.sum(dim=-1))  # [batch, position]
+    # An all -inf row (m = -inf) gives NaN above; such a row counts as one-hot (+clamp).
+    f = torch.where(torch.isfinite(m.squeeze(-1)), f, clamp)
     return f.clamp(-clamp, clamp)

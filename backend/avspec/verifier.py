@@ -76,7 +76,10 @@ class AdaptiveVerifier:
         self.verify_cost = verify_cost
         self.check_values = check_values
         self._pending: _Record | None = None
-        self._stale: dict[int, torch.Tensor] = {}  # seq id -> previous survival row [position]
+        # Last step's survival rows [prev_batch, position] and seq id -> row; released ids leave
+        # the map. In steady state the batch repeats in order and the rows are reused as they are.
+        self._stale: dict[int, int] = {}
+        self._stale_values = torch.ones(0, 0)
         self.num_steps = 0
         self.num_observed = 0
         self.num_dropped_records = 0  # outcomes whose length did not match the recorded batch
@@ -135,8 +138,8 @@ class AdaptiveVerifier:
         # Survival with padding confidences set to 1: the last candidate's value carried forward,
         # 1.0 for a row with no candidates, so a longer row next step still has scores.
         rows = torch.cumprod(torch.where(candidates, confidences, torch.ones_like(confidences)), -1)
-        for index, seq_id in enumerate(ids):
-            self._stale[seq_id] = rows[index]
+        self._stale = {seq_id: index for index, seq_id in enumerate(ids)}
+        self._stale_values = rows
         drafted = num_draft_tokens.long().sum()
         verified = num_verify.long().sum()
         return VerifyDecision(
@@ -164,9 +167,11 @@ class AdaptiveVerifier:
 
     def _stale_rows(self, ids: list[int], num_pos: int, device: torch.device) -> torch.Tensor:
         """Previous survival rows [batch, position] for `ids`; 1.0 for sequences without one."""
+        values = _fit_columns(self._stale_values, num_pos)
+        if len(ids) == values.shape[0] and list(self._stale) == ids:
+            return values  # the same batch in the same order as last step
         ones = torch.ones(num_pos, device=device)
-        rows = [_fit_row(self._stale[i], num_pos) if i in self._stale else ones for i in ids]
-        return torch.stack(rows)
+        return torch.stack([values[self._stale[i]] if i in self._stale else ones for i in ids])
 
     def _validate(
         self,
@@ -234,12 +239,12 @@ class AdaptiveVerifier:
                 raise ValueError("prev_num_accepted must lie in 0..the previous step's num_verify")
 
 
-def _fit_row(row: torch.Tensor, num_pos: int) -> torch.Tensor:
-    """A stored row [old_position] cut or extended (repeating its last value) to num_pos."""
-    if row.shape[0] >= num_pos:
-        return row[:num_pos]
-    last = row[-1:] if row.shape[0] else torch.ones(1, device=row.device)
-    return torch.cat([row, last.expand(num_pos - row.shape[0])])
+def _fit_columns(values: torch.Tensor, num_pos: int) -> torch.Tensor:
+    """Rows [n, old_position] cut or extended (repeating the last column, or 1.0) to num_pos."""
+    if values.shape[1] >= num_pos:
+        return values[:, :num_pos]
+    last = values[:, -1:] if values.shape[1] else values.new_ones(values.shape[0], 1)
+    return torch.cat([values, last.expand(-1, num_pos - values.shape[1])], dim=1)
 
 
 def _empty_decision(features: torch.Tensor) -> VerifyDecision:
