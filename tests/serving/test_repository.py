@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -163,3 +164,18 @@ def test_build_test_repository(tmp_path: Path) -> None:
     assert (copy / "speculative/1/model.py").is_file()
     with pytest.raises(ValueError, match="no such model"):
         build_test_repository(REPOSITORY, tmp_path / "other", {"drafter": {}})
+
+
+def test_every_model_has_a_tracked_version_directory():
+    """Git drops empty directories: a clean clone must still hold each model's `1/`."""
+    root = REPOSITORY.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(
+        ["git", "ls-files", "model_repository"], cwd=root, capture_output=True, text=True
+    ).stdout.splitlines()
+    models = sorted(p.parent.name for p in REPOSITORY.glob("*/config.pbtxt"))
+    missing = [
+        m for m in models if not any(f.startswith(f"model_repository/{m}/1/") for f in tracked)
+    ]
+    assert not missing, f"models without a tracked version directory: {missing}"
