@@ -94,6 +94,7 @@ def workload_coefficients(data: dict[str, np.ndarray], w: int) -> dict[str, floa
         "intercept_0": float(intercepts[0]),
         "online_slope": float(data["final_slope"][w]),
         "online_intercept_0": float(data["final_intercepts"][w][0]),
+        "label_rate": float(labels[mask].mean()),
         "acceptance_rate": float(data["num_accepted"][rows].sum() / data["num_draft"][rows].sum()),
         "mean_entropy": float(data["entropy"][rows][drafted].mean()),
     }
@@ -154,15 +155,16 @@ def print_report(result: dict[str, Any]) -> None:
     print("\n### Coefficients per workload (logit q_max)\n")
     print(
         "| workload | labels | slope (offline) | b_0 (offline) | slope (online) | b_0 (online) "
-        "| acceptance rate | mean entropy |"
+        "| P(accept) per label | accepted / drafted | mean entropy (nats) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, c in result["coefficients"].items():
         keys = (
             "slope",
             "intercept_0",
             "online_slope",
             "online_intercept_0",
+            "label_rate",
             "acceptance_rate",
             "mean_entropy",
         )
