@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 import torch
+
 from avspec.calibration import auc, calibration_report, ece, log_loss
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from avspec.config import EstimatorConfig, from_parameters, parse_bool
 
 

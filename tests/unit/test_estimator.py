@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from avspec.config import EstimatorConfig
 from avspec.estimator import AcceptanceEstimator, verification_labels
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from avspec.features import logit_qmax
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from avspec.refit import SufficientStats, newton_step
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from avspec.config import EstimatorConfig
 from avspec.estimator import AcceptanceEstimator
 from avspec.snapshot import FORMAT_NAME, FORMAT_VERSION, SnapshotError, load_snapshot, save_snapshot
