@@ -1,46 +1,22 @@
 """GPU variant of the draft adapter (configs/gpu.pbtxt): device tensors out through DLPack.
 
-initialize (parameters, stage on cuda, metrics) is the CPU adapter's, loaded from model.py beside
-this file; only the tensor hand-over differs (avspec.serving.gpu_adapters).
+initialize (parameters, stage on cuda, metrics) is the CPU adapter's (StageModel); only the
+tensor hand-over differs (avspec.serving.gpu_adapters).
 """
 
-import importlib.util
-from pathlib import Path
-
 import triton_python_backend_utils as pb_utils
-from torch.utils.dlpack import to_dlpack
 
-from avspec.serving.gpu_adapters import run_draft, tensor_from_pb, without_backend_parameters
-
-
-def _cpu_model_class():
-    path = Path(__file__).with_name("model.py")
-    spec = importlib.util.spec_from_file_location("avspec_draft_cpu_model", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.TritonPythonModel
+from avspec.serving.gpu_adapters import run_draft, without_backend_parameters
+from avspec.serving.triton_model import StageModel, dlpack_output_tensors, input_tensors
 
 
-class TritonPythonModel(_cpu_model_class()):
+class TritonPythonModel(StageModel):
+    STAGE = "draft"
+    pb = pb_utils
+
     def initialize(self, args):
         super().initialize(without_backend_parameters(args))
 
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                tensors = {
-                    name: tensor_from_pb(pb_utils.get_input_tensor_by_name(request, name))
-                    for name in self.input_names
-                }
-                outputs = run_draft(self.adapter.stage, tensors)
-                out = [
-                    pb_utils.Tensor.from_dlpack(name, to_dlpack(value.contiguous()))
-                    for name, value in outputs.items()
-                ]
-                responses.append(pb_utils.InferenceResponse(output_tensors=out))
-            except Exception as err:  # noqa: BLE001 - one request's failure is its own response
-                message = f"draft: {type(err).__name__}: {err}"
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)))
-        self.kv_live.set(self.adapter.live_sequences)
-        return responses
+    def request_outputs(self, request):
+        tensors = input_tensors(pb_utils, request, self.input_names)
+        return dlpack_output_tensors(pb_utils, run_draft(self.adapter.stage, tensors))

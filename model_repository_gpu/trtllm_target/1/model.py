@@ -19,7 +19,13 @@ from avspec.serving.gpu_adapters import (
     TrtllmTargetParams,
     tensor_from_pb,
 )
-from avspec.serving.metrics import KV_LIVE_SEQUENCES
+from avspec.serving.triton_model import (
+    input_names,
+    input_tensors,
+    kv_live_gauge,
+    output_tensors,
+    respond_each_async,
+)
 from avspec.trtllm_request import TRTLLM_OUTPUTS
 
 STAGE = "target"
@@ -30,35 +36,20 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = repository.model_parameters(config)
         self.params = from_parameters(TrtllmTargetParams, params, ignore=BACKEND_PARAMETERS)
-        self.input_names = [tensor["name"] for tensor in config["input"]]
+        self.input_names = input_names(config)
         self.adapter = TrtllmTargetAdapter(self.params)
-        # The family must stay referenced, or its metrics die with it (shared/design/triton.md).
-        self.kv_family = pb_utils.MetricFamily(
-            name=KV_LIVE_SEQUENCES.name,
-            description=KV_LIVE_SEQUENCES.description,
-            kind=pb_utils.MetricFamily.GAUGE,
-        )
-        self.kv_live = self.kv_family.Metric(labels={"model": STAGE})
-        self.kv_live.set(0)
+        self.kv_family, self.kv_live = kv_live_gauge(pb_utils, STAGE)
 
     async def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                tensors = {
-                    name: tensor_from_pb(pb_utils.get_input_tensor_by_name(request, name))
-                    for name in self.input_names
-                }
-                prepared = self.adapter.prepare(tensors)
-                answers = await asyncio.gather(*(self._send(r) for r in prepared))
-                outputs = self.adapter.finish(prepared, answers)
-                out = [pb_utils.Tensor(n, t.numpy()) for n, t in outputs.items()]
-                responses.append(pb_utils.InferenceResponse(output_tensors=out))
-            except Exception as err:  # noqa: BLE001 - one request's failure is its own response
-                message = f"trtllm_target: {type(err).__name__}: {err}"
-                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)))
+        responses = await respond_each_async(pb_utils, requests, self._outputs, "trtllm_target")
         self.kv_live.set(self.adapter.live_sequences)
         return responses
+
+    async def _outputs(self, request):
+        prepared = self.adapter.prepare(input_tensors(pb_utils, request, self.input_names))
+        answers = await asyncio.gather(*(self._send(r) for r in prepared))
+        outputs = self.adapter.finish(prepared, answers)
+        return output_tensors(pb_utils, {n: t.numpy() for n, t in outputs.items()})
 
     async def _send(self, prepared):
         inputs = [pb_utils.Tensor(name, array) for name, array in prepared.host.items()]
