@@ -14,18 +14,14 @@ feature 0.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from avspec.features import logit_qmax
-from avspec.generators import DRAFT_SALT, SequenceSlots
-from avspec.kv_cache import KVCache
+from avspec.generators import DRAFT_SALT, ModelStage
 from avspec.sampling import sample, warp_probs
 from avspec.speculative_step import StepInputs, read_step_inputs
-from avspec.transformer import Transformer
 
 
 @dataclass
@@ -37,29 +33,10 @@ class DraftOutput:
     draft_features: torch.Tensor  # [batch, K] float32, logit(q_max) per position
 
 
-class DraftStage:
+class DraftStage(ModelStage):
     """Draft model stage; owns the draft KV cache and the draft generators."""
 
-    def __init__(
-        self,
-        model: Transformer,
-        cache: KVCache,
-        max_draft_tokens: int,
-        idle_timeout_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        check_values: bool = True,
-    ) -> None:
-        if max_draft_tokens < 1:
-            raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
-        self.model = model
-        self.max_draft_tokens = max_draft_tokens
-        self.device = next(model.parameters()).device
-        self.check_values = check_values
-        self.slots = SequenceSlots(cache, self.device, DRAFT_SALT, idle_timeout_s, clock)
-
-    @property
-    def cache(self) -> KVCache:
-        return self.slots.cache
+    SALT = DRAFT_SALT
 
     @torch.inference_mode()
     def __call__(self, inputs: StepInputs) -> DraftOutput:

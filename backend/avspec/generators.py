@@ -8,6 +8,8 @@ step's `release_seq_ids`, free sequences idle past `idle_timeout_s`, then for ea
 Generators are seeded from `random_seed ^ salt` whenever a sequence takes its first step
 (start == 0), so a replayed first step draws the same numbers and each stage (draft, target) owns
 a separate stream. A sequence's draws never depend on which other sequences share its batch.
+
+`ModelStage` is the state both stage classes build the same way (model, K, slots).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 if TYPE_CHECKING:
     from avspec.kv_cache import KVCache
+    from avspec.transformer import Transformer
 
 DRAFT_SALT = 0
 TARGET_SALT = 0x5DEECE66D_2545F491
@@ -121,3 +124,30 @@ class SequenceSlots:
         generator = torch.Generator(device=self.device)
         generator.manual_seed((seed ^ self.salt) & _SEED_MASK)
         self._generators[seq_id] = generator
+
+
+class ModelStage:
+    """Base of the draft and target stages: a model, K, and its `SequenceSlots` salted by SALT."""
+
+    SALT: int
+
+    def __init__(
+        self,
+        model: Transformer,
+        cache: KVCache,
+        max_draft_tokens: int,
+        idle_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        check_values: bool = True,
+    ) -> None:
+        if max_draft_tokens < 1:
+            raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
+        self.model = model
+        self.max_draft_tokens = max_draft_tokens
+        self.device = next(model.parameters()).device
+        self.check_values = check_values
+        self.slots = SequenceSlots(cache, self.device, self.SALT, idle_timeout_s, clock)
+
+    @property
+    def cache(self) -> KVCache:
+        return self.slots.cache

@@ -12,43 +12,19 @@ an input).
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import torch
 
 from avspec.checks import check_shape
-from avspec.generators import TARGET_SALT, SequenceSlots
-from avspec.kv_cache import KVCache
+from avspec.generators import TARGET_SALT, ModelStage
 from avspec.rejection import rejection_sample
 from avspec.sampling import warp_probs
 from avspec.speculative_step import StepInputs, StepOutputs, read_step_inputs
-from avspec.transformer import Transformer
 
 
-class TargetStage:
+class TargetStage(ModelStage):
     """Target model stage; owns the target KV cache and the target generators."""
 
-    def __init__(
-        self,
-        model: Transformer,
-        cache: KVCache,
-        max_draft_tokens: int,
-        idle_timeout_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        check_values: bool = True,
-    ) -> None:
-        if max_draft_tokens < 1:
-            raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
-        self.model = model
-        self.max_draft_tokens = max_draft_tokens
-        self.device = next(model.parameters()).device
-        self.check_values = check_values
-        self.slots = SequenceSlots(cache, self.device, TARGET_SALT, idle_timeout_s, clock)
-
-    @property
-    def cache(self) -> KVCache:
-        return self.slots.cache
+    SALT = TARGET_SALT
 
     @torch.inference_mode()
     def __call__(
