@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_serving", ROOT / "client" / "bench_serving.py"
-    )  # noqa: E501
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_serving"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from client_scripts import load_client_script
 
 
 def test_bench_serving_tiny_sweep(server, tmp_path: Path):
     """Concurrency 1 and 2, arms none / k2 / av8, 2 code prompts of 8 tokens: every output."""
     out = tmp_path / "bench"
-    rc = load_bench().main([
+    rc = load_client_script("bench_serving").main([
         "--url", server.grpc_url, "--metrics-url", server.metrics_url,
         "--concurrency", "1,2", "--arms", "none,k2,av8", "--workloads", "code",
         "--prompts", "2", "--max-tokens", "8", "--rounds", "1", "--requests-per-user", "1",

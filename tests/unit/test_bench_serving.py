@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from client_scripts import load_client_script
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_serving", ROOT / "client" / "bench_serving.py"
-    )  # noqa: E501
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_serving"] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = load_bench()
+bench = load_client_script("bench_serving")
 
 
 def test_parse_arms():
