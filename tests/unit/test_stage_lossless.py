@@ -7,12 +7,12 @@ stage's warped p and rejection sampling, and the scheduler's bookkeeping across 
 Test: 2,048 requests (one prompt, distinct seeds, batches of 64, temperature 0.7, top-p 0.8,
 K = 4, AV on with a verify cost steep enough that the budget trims drafts), K + 1 tokens each,
 of which the first two are compared. The draft is a lightly perturbed copy of the target, so
-drafts are accepted often (about 0.77) and the trimming, acceptance and residual paths all run. The exact law of
-the first two tokens under the target alone is p(y1) p(y2 | y1), both warped the same way. A
-chi-square test over the cells expected to hold >= 5 samples (the rest pooled) must give
-p > 1e-4. The same harness must reject (p < 1e-6) a pipeline whose target rejection-samples
-against a q other than the one the drafts were drawn from (q mixed half-and-half with uniform):
-a plausible wiring bug that greedy tests cannot see.
+drafts are accepted often (about 0.77) and the trimming, acceptance and residual paths all
+run. The exact law of the first two tokens under the target alone is p(y1) p(y2 | y1), both
+warped the same way. A chi-square test over the cells expected to hold >= 5 samples (the rest
+pooled) must give p > 1e-4. The same harness must reject (p < 1e-6) a pipeline whose target
+rejection-samples against a q other than the one the drafts were drawn from (q mixed
+half-and-half with uniform): a plausible wiring bug that greedy tests cannot see.
 """
 
 from __future__ import annotations
