@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from avspec.model_dir import load_model_dir, save_model_dir
+from avspec.sampling import warp_probs
 from avspec.tokenizer import ByteTokenizer
 from avspec.transformer import Transformer, TransformerConfig, init_weights
 
@@ -155,14 +156,14 @@ def bits_per_byte(model: Transformer, ids: torch.Tensor, seq: int, max_windows: 
 
 
 def warp(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Temperature then nucleus (top-p) filtering: logits [..., vocab] -> probs [..., vocab]."""
-    probs = torch.softmax(logits / temperature, dim=-1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    # keep a token while the mass before it is below top_p (the top token always survives)
-    keep_sorted = (sorted_probs.cumsum(-1) - sorted_probs) < top_p
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    probs = probs * keep
-    return probs / probs.sum(-1, keepdim=True)
+    """avspec.sampling.warp_probs, one setting for all rows: logits [batch, (position,) vocab]."""
+    rows = logits if logits.dim() == 3 else logits[:, None]  # [batch, position, vocab]
+    n = rows.shape[0]
+    settings = {"device": logits.device, "dtype": torch.float32}
+    probs = warp_probs(
+        rows.float(), torch.full((n,), temperature, **settings), torch.full((n,), top_p, **settings)
+    )
+    return probs if logits.dim() == 3 else probs[:, 0]
 
 
 @torch.no_grad()

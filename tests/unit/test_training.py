@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from avspec.model_dir import save_model_dir
+from avspec.sampling import warp_probs
 from avspec.tokenizer import ByteTokenizer
 from avspec.training import (
     TOPICS_PREFIX,
@@ -98,13 +99,13 @@ def test_train_model_is_seeded_and_lowers_the_loss(one_thread):
     assert log[0]["held_out_bpb"] < 3.0  # from 8 bits (uniform) on a 3-letter pattern
 
 
-def test_warp_top_p_keeps_the_nucleus():
-    logits = torch.tensor([0.5, 0.3, 0.2]).log()
-    torch.testing.assert_close(warp(logits, 1.0, 0.6), torch.tensor([0.625, 0.375, 0.0]))
-    torch.testing.assert_close(warp(logits, 1.0, 0.1), torch.tensor([1.0, 0.0, 0.0]))
-    torch.testing.assert_close(warp(logits, 1.0, 1.0), torch.tensor([0.5, 0.3, 0.2]))
-    hot = warp(logits, 2.0, 1.0)  # temperature flattens
-    assert hot[0] < 0.5 and hot[2] > 0.2
+def test_warp_is_the_serving_warp_for_both_shapes():
+    """training.warp must sample what the stages sample (avspec.sampling.warp_probs)."""
+    logits = torch.randn(3, 4, 20, generator=torch.Generator().manual_seed(1))
+    settings = (torch.full((3,), 0.7), torch.full((3,), 0.9))
+    expected = warp_probs(logits, *settings)
+    torch.testing.assert_close(warp(logits, 0.7, 0.9), expected)
+    torch.testing.assert_close(warp(logits[:, 0], 0.7, 0.9), expected[:, 0])
 
 
 def test_acceptance_is_one_for_identical_models_and_below_for_different():
