@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """What the Triton hops cost: step time through the server vs the same step in-process.
 
-Runs the same greedy requests (same models, same cost tables, same K, AV on) two ways, side by
-side in one run, at each concurrency:
+Runs the same greedy requests (same models, same K, every draft verified: AV off, so that the
+estimator's state, fresh in-process and warm-started in the server, cannot change the work a
+step does) two ways, side by side in one run, at each concurrency:
   - in-process: avspec.scheduler.Scheduler driving avspec.speculative_step.SpeculativeStep;
   - Triton: the `speculative` entry model of a real server (HTTP /generate, one thread per
     request), whose scheduler makes one BLS call of the `speculative_step` ensemble per step.
@@ -56,7 +57,11 @@ def in_process(step: SpeculativeStep, prompts: list[str], max_tokens: int, k: in
     start = time.perf_counter()
     for prompt in prompts:
         request = GenerationRequest(
-            tokenizer.encode(prompt), max_tokens, temperature=0.0, num_draft_tokens=k
+            tokenizer.encode(prompt),
+            max_tokens,
+            temperature=0.0,
+            num_draft_tokens=k,
+            adaptive=False,
         )
         scheduler.submit(request, lambda report: None, errors.append)
     scheduler.run_until_idle()
@@ -78,7 +83,7 @@ def through_triton(server: ServerProcess, prompts: list[str], max_tokens: int, k
 
     def one(prompt: str) -> None:
         body = {"text_input": prompt, "max_tokens": max_tokens, "temperature": 0.0}
-        body["num_draft_tokens"] = k
+        body.update(num_draft_tokens=k, adaptive_verification=False)
         request = urllib.request.Request(url, json.dumps(body).encode(), method="POST")
         try:
             with urllib.request.urlopen(request, timeout=600) as response:
