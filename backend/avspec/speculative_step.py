@@ -7,7 +7,7 @@ the same fields, so the scheduler cannot tell them apart.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,6 +45,9 @@ class StepInputs:
     def batch_size(self) -> int:
         return int(self.seq_ids.shape[0])
 
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
 
 @dataclass
 class StepOutputs:
@@ -53,6 +56,9 @@ class StepOutputs:
     output_ids: torch.Tensor  # [batch, K + 1] int32
     num_accepted: torch.Tensor  # [batch] int32; the sequence gains num_accepted + 1 tokens
     num_verify: torch.Tensor  # [batch] int32, drafts the verifier admitted
+
+    def as_dict(self) -> dict[str, torch.Tensor]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 _PER_SEQUENCE = (
