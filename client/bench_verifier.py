@@ -12,9 +12,7 @@ noisy: compare rows of one run, not runs).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 
 import torch
 
@@ -22,17 +20,8 @@ from avspec.config import EstimatorConfig
 from avspec.cost_table import CostTable
 from avspec.estimator import AcceptanceEstimator
 from avspec.features import logit_qmax
+from avspec.profiler import median_ms
 from avspec.verifier import AdaptiveVerifier
-
-
-def _median_ms(fn, repeats: int, sync) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
 
 
 def bench(batch: int, k: int, vocab: int, device: str, repeats: int, check_values: bool) -> dict:
@@ -51,7 +40,6 @@ def bench(batch: int, k: int, vocab: int, device: str, repeats: int, check_value
         CostTable.linear(fixed_ms=10.0, per_unit_ms=0.4, max_size=4096),
         check_values=check_values,
     )
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     last = {"num_verify": torch.zeros(0, dtype=torch.int32, device=device)}
 
     def one_step() -> None:
@@ -64,11 +52,11 @@ def bench(batch: int, k: int, vocab: int, device: str, repeats: int, check_value
 
     for _ in range(20):
         one_step()
-    step_ms = _median_ms(one_step, repeats, sync)
-    feature_ms = _median_ms(
-        lambda: logit_qmax(logits, temperature, check_values=check_values), repeats, sync
+    step_ms = median_ms(one_step, repeats, 0, device)
+    feature_ms = median_ms(
+        lambda: logit_qmax(logits, temperature, check_values=check_values), repeats, 0, device
     )
-    refit_ms = _median_ms(estimator.refit, max(20, repeats // 10), sync)
+    refit_ms = median_ms(estimator.refit, max(20, repeats // 10), 0, device)
     return {"step_ms": step_ms, "feature_ms": feature_ms, "refit_ms": refit_ms}
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 import traceback
@@ -33,6 +32,7 @@ import torch
 from avspec.config import EstimatorConfig
 from avspec.cost_table import CostTable
 from avspec.estimator import AcceptanceEstimator
+from avspec.profiler import median_ms, synchronize
 from avspec.speculative_step import SpeculativeStep, StepInputs
 from avspec.transformer import Transformer, TransformerConfig, init_weights
 from avspec.verifier import AdaptiveVerifier
@@ -46,11 +46,6 @@ def pick_device(requested: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_check: --device cuda requested but torch sees no CUDA device")
     return device
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def make_verifier(k: int, device: torch.device, refit_interval: int) -> AdaptiveVerifier:
@@ -125,21 +120,11 @@ def run_under_sync_debug(
     return {"status": "passed", "steps": steps}
 
 
-def median_ms(fn: Callable[[], None], repeats: int, device: torch.device) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
 def bench_verifier(batch: int, k: int, device: torch.device, repeats: int) -> dict:
     one_step = verifier_steps(batch, k, device, steps=64, refit_interval=100)
     for _ in range(5):
         one_step()
-    ms = median_ms(one_step, repeats, device)
+    ms = median_ms(one_step, repeats, 0, device)
     return {"status": "passed", "batch": batch, "k": k, "step_ms": ms, "steps_per_s": 1e3 / ms}
 
 

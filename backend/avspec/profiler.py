@@ -13,6 +13,7 @@ CUDA is synchronised around each call.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -70,14 +71,14 @@ def profile_verify_cost(
         probs = torch.full((batch, max_draft_tokens, vocab), 1.0 / vocab, device=device)
         for n in range(max_draft_tokens + 1):
             verify = torch.full((batch,), n, dtype=torch.int32, device=device)
-            ms = _median_ms(partial(stage, inputs, drafts, probs, verify), repeats, warmup, device)
+            ms = median_ms(partial(stage, inputs, drafts, probs, verify), repeats, warmup, device)
             size = batch * (1 + n)
             measured.setdefault(size, []).append(ms)
             if on_point is not None:
                 on_point(size, ms)
         stage.slots.release(list(range(1, batch + 1)))
     sizes = sorted(measured)
-    return CostPoints(sizes, [_median(measured[s]) for s in sizes])
+    return CostPoints(sizes, [statistics.median(measured[s]) for s in sizes])
 
 
 def profile_draft_cost(
@@ -98,7 +99,7 @@ def profile_draft_cost(
     for batch in sorted(set(batch_sizes)):
         _prefill(stage, batch, context_length, max_draft_tokens, gen)
         inputs = _decode_inputs(batch, context_length, max_draft_tokens, gen)
-        ms = _median_ms(partial(stage, inputs), repeats, warmup, stage.device)
+        ms = median_ms(partial(stage, inputs), repeats, warmup, stage.device)
         millis.append(ms)
         if on_point is not None:
             on_point(batch, ms)
@@ -160,27 +161,23 @@ def _decode_inputs(batch: int, context: int, k: int, gen: torch.Generator) -> St
     return _inputs(torch.randint(0, 256, (batch, 1), generator=gen), context, k)
 
 
-def _median_ms(
-    call: Callable[[], object], repeats: int, warmup: int, device: torch.device
+def median_ms(
+    call: Callable[[], object], repeats: int, warmup: int, device: torch.device | str
 ) -> float:
+    """Median wall milliseconds of `call` after `warmup` untimed calls (CUDA synchronised)."""
     for _ in range(warmup):
         call()
     times = []
     for _ in range(repeats):
-        _sync(device)
+        synchronize(device)
         begin = time.perf_counter()
         call()
-        _sync(device)
+        synchronize(device)
         times.append((time.perf_counter() - begin) * 1000.0)
-    return _median(times)
+    return statistics.median(times)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
+def synchronize(device: torch.device | str) -> None:
+    """Wait for queued CUDA work on `device`; a no-op elsewhere."""
+    if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
