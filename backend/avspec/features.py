@@ -40,10 +40,7 @@ def logit_qmax(
         check_finite("logits", logits)
         if isinstance(temperature, torch.Tensor):
             check_finite("temperature", temperature)
-    temp = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
-    temp = torch.where(temp == 0, torch.ones_like(temp), temp)
-    temp = temp.reshape(-1, 1, 1) if temp.dim() == 1 else temp
-    z = logits.float() / temp  # [batch, position, vocab]
+    z = scaled_logits(logits, temperature)  # [batch, position, vocab]
     m, top = z.max(dim=-1, keepdim=True)  # [batch, position, 1]
     # exp(z - m) of the non-max entries, summed: no subtraction from 1, so no cancellation
     # when q_max is close to 1 (the sum just shrinks towards 0 and f towards +clamp).
@@ -52,3 +49,11 @@ def logit_qmax(
     # An all -inf row (m = -inf) gives NaN above; such a row counts as one-hot (+clamp).
     f = torch.where(torch.isfinite(m.squeeze(-1)), f, clamp)
     return f.clamp(-clamp, clamp)
+
+
+def scaled_logits(logits: torch.Tensor, temperature: torch.Tensor | float) -> torch.Tensor:
+    """logits [batch, position, vocab] / temperature ([batch] or scalar; 0 counts as 1), fp32."""
+    temp = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
+    temp = torch.where(temp == 0, torch.ones_like(temp), temp)
+    temp = temp.reshape(-1, 1, 1) if temp.dim() == 1 else temp
+    return logits.float() / temp

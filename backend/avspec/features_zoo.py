@@ -18,6 +18,7 @@ import torch
 
 from avspec.checks import check_shape
 from avspec.estimator import verification_labels
+from avspec.features import scaled_logits
 from avspec.refit import SufficientStats, newton_step
 
 CLAMP = 40.0
@@ -36,10 +37,7 @@ def feature_zoo(
     check_shape("logits", logits, (None, None, None))
     batch, positions, _ = logits.shape
     check_shape("sampled", sampled, (batch, positions))
-    temp = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
-    temp = torch.where(temp == 0, torch.ones_like(temp), temp)
-    temp = temp.reshape(-1, 1, 1) if temp.dim() == 1 else temp
-    logq = torch.log_softmax(logits.float() / temp, dim=-1)  # [batch, position, vocab]
+    logq = torch.log_softmax(scaled_logits(logits, temperature), dim=-1)  # [batch, position, vocab]
     top2 = logq.topk(min(2, logq.shape[-1]), dim=-1).values  # [batch, position, 2]
     log_qmax = top2[..., 0]
     q = logq.exp()
