@@ -12,6 +12,8 @@ an input).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from avspec.checks import check_shape
@@ -76,7 +78,7 @@ class TargetStage(ModelStage):
         logits = self.model.forward_cached(self.cache, step.seq_ids, packed, lengths)
         # Row r, position j reads the logits at its token pending - 1 + min(j, num_verify);
         # positions past num_verify repeat the bonus position and are ignored by rejection.
-        row_start = [sum(lengths[:r]) for r in range(batch)]
+        row_start = [0, *itertools.accumulate(lengths)][:batch]
         gather = [
             [row_start[r] + pending[r] - 1 + min(j, verify[r]) for j in range(k + 1)]
             for r in range(batch)
