@@ -28,7 +28,7 @@ from avspec.checks import check_shape
 if TYPE_CHECKING:
     from avspec.kv_cache import KVCache
 
-_ROPE_BASE = 10000.0
+ROPE_BASE = 10000.0
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, max_length: int) -> None:
         super().__init__()
-        inv_freq = _ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        inv_freq = ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         angles = torch.outer(torch.arange(max_length, dtype=torch.float64), inv_freq)
         # (position, head_dim / 2); not saved: recomputed from the config
         self.register_buffer("cos", angles.cos().float(), persistent=False)
