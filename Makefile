@@ -40,6 +40,13 @@ serve: $(STAMP)
 models: $(STAMP)
 	$(PY) -m avspec.training --out models --seed 0 --draft-steps 1500 --target-steps 800
 
+.PHONY: trtllm-checkpoint
+# The target as a TensorRT-LLM checkpoint (docs/gpu.md); runs here. Building the engine from it
+# needs TensorRT-LLM: add --build ENGINE_DIR where trtllm-build exists (the NGC trtllm container).
+TRTLLM_CHECKPOINT ?= build/trtllm/target
+trtllm-checkpoint: $(STAMP)
+	$(PY) -m avspec.trtllm_checkpoint models/target --out $(TRTLLM_CHECKPOINT) --dtype float16 --force
+
 .PHONY: workloads
 # Rebuild the prompt sets (code, prose, high_entropy) from the held-out split.
 workloads: $(STAMP)

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,55 @@ def test_dashboard_is_well_formed_and_covers_every_av_metric() -> None:
     assert queried - TRITON_METRICS <= exported_names(), queried - exported_names()
     for spec in ALL_METRICS:
         assert any(name.startswith(spec.name) for name in queried), f"no panel for {spec.name}"
+
+
+def test_entry_script_builds_the_engine_once_then_serves(tmp_path: Path) -> None:
+    """docker/serve_gpu.sh on the CPU, with stand-ins for the two GPU programs: the real export
+    runs, `trtllm-build` gets the deployment's flags and sizes from the values file, the filled
+    repository has no placeholder left, and a second start reuses the engine."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    stand_ins = {
+        "python3": f'exec "{sys.executable}" "$@"\n',  # the venv's: torch, safetensors
+        # records its arguments and writes an engine file where --output_dir points
+        "trtllm-build": 'echo "trtllm-build $*" >> "$LOG"\n'
+        'while [ "$1" != "--output_dir" ]; do shift; done\n'
+        'mkdir -p "$2" && touch "$2/rank0.engine"\n',
+        "tritonserver": 'echo "tritonserver $*" >> "$LOG"\n',
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}")
+        (bin_dir / name).chmod(0o755)
+    engine = tmp_path / "engines" / "target"
+    values = json.loads((DOCKER / "gpu_values.example.json").read_text())
+    values |= {"engine_dir": str(engine), "triton_max_batch_size": "16", "max_seq_len": "256"}
+    (tmp_path / "values.json").write_text(json.dumps(values))
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "LOG": str(log),
+        "AVSPEC_ROOT": str(tmp_path / "root"),
+        "AVSPEC_GPU_VALUES": str(tmp_path / "values.json"),
+        "PYTHONPATH": str(ROOT / "backend"),
+    }
+    (tmp_path / "root").mkdir()
+    for name in ("models", "client", "model_repository", "model_repository_gpu"):
+        (tmp_path / "root" / name).symlink_to(ROOT / name)
+
+    for _ in range(2):
+        subprocess.run(["bash", str(DOCKER / "serve_gpu.sh")], env=env, check=True)
+    calls = log.read_text().splitlines()
+    builds = [c for c in calls if c.startswith("trtllm-build")]
+    assert len(builds) == 1 and len(calls) == 3, calls
+    build = builds[0].split()
+    assert build[build.index("--max_batch_size") + 1] == "16"
+    assert build[build.index("--max_seq_len") + 1] == "256"
+    assert build[build.index("--speculative_decoding_mode") + 1] == "draft_tokens_external"
+    checkpoint = Path(build[build.index("--checkpoint_dir") + 1])
+    assert (
+        json.loads((checkpoint / "config.json").read_text())["architecture"] == "LlamaForCausalLM"
+    )
+    assert "--model-config-name=gpu" in calls[-1]
+    filled = tmp_path / "root" / "build" / "model_repository_gpu"
+    for config in filled.rglob("config.pbtxt"):
+        assert "${" not in config.read_text(), config
+    assert str(engine) in (filled / "tensorrt_llm" / "config.pbtxt").read_text()
