@@ -76,9 +76,10 @@ def _steps_served(metrics_url: str) -> float:
     return metric_value(parse_metrics(text), "av_step_batch_size_count") or 0.0
 
 
-def through_triton(server: ServerProcess, prompts: list[str], max_tokens: int, k: int) -> tuple:
-    """(seconds, steps) for all prompts at once, one HTTP /generate thread per prompt."""
-    url = f"{server.http_url}/v2/models/speculative/generate"
+def generate_concurrently(http_url: str, prompts: list[str], max_tokens: int, k: int) -> float:
+    """Seconds to serve all prompts at once (greedy, K = k, AV off), one HTTP /generate thread
+    per prompt; RuntimeError naming the first failure."""
+    url = f"{http_url}/v2/models/speculative/generate"
     errors: list[str] = []
 
     def one(prompt: str) -> None:
@@ -91,7 +92,6 @@ def through_triton(server: ServerProcess, prompts: list[str], max_tokens: int, k
         except Exception as err:  # noqa: BLE001 - reported below
             errors.append(repr(err))
 
-    before = _steps_served(server.metrics_url)
     threads = [threading.Thread(target=one, args=(p,)) for p in prompts]
     start = time.perf_counter()
     for thread in threads:
@@ -101,6 +101,13 @@ def through_triton(server: ServerProcess, prompts: list[str], max_tokens: int, k
     seconds = time.perf_counter() - start
     if errors:
         raise RuntimeError(f"Triton request failed: {errors[0]}")
+    return seconds
+
+
+def through_triton(server: ServerProcess, prompts: list[str], max_tokens: int, k: int) -> tuple:
+    """(seconds, steps) for all prompts at once through the server."""
+    before = _steps_served(server.metrics_url)
+    seconds = generate_concurrently(server.http_url, prompts, max_tokens, k)
     return seconds, _steps_served(server.metrics_url) - before
 
 

@@ -114,6 +114,9 @@ def test_gpu_variant_keeps_the_tensors_and_moves_to_cuda(name: str) -> None:
     gpu_params, cpu_params = params(gpu), params(cpu)
     assert gpu_params.pop("FORCE_CPU_ONLY_INPUT_TENSORS") == "no"
     assert gpu_params.pop("device") == "cuda" and cpu_params.pop("device") == "cpu"
+    if name == "verifier":  # costs measured on the GPU deployment, not the CPU's (docs/gpu.md)
+        assert gpu_params.pop("cost_tables") == "models/cost_tables_gpu.json"
+        assert cpu_params.pop("cost_tables") == "models/cost_tables.json"
     assert gpu_params == cpu_params
     assert (REPOSITORY / name / "1" / gpu.default_model_filename).is_file()
 

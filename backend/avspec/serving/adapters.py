@@ -43,7 +43,8 @@ def load_cost_tables(path: Path | None) -> tuple[CostTable, CostTable]:
     """
     if path is None or not path.is_file():
         logger.warning(
-            "cost tables %s not found: using linear defaults (run the profiler: make models)",
+            "cost tables %s not found: using linear defaults (measure them: in-process with "
+            "client/profile_costs.py, on a deployment with client/profile_serving_costs.py)",
             path,
         )
         return (

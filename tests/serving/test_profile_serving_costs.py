@@ -1,0 +1,55 @@
+"""client/profile_serving_costs.py against the session's real server: tables the verifier loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from client_scripts import load_client_script
+
+from avspec.serving.adapters import load_cost_tables
+
+
+def profiler():
+    load_client_script("bench_overhead")  # profile_serving_costs imports it by name
+    return load_client_script("profile_serving_costs")
+
+
+def test_cost_tables_from_triton_metrics(server, tmp_path: Path):
+    """Concurrency 1 and 3, K 0 and 4, 6 tokens: 4 points, read back by the verifier's loader."""
+    out = tmp_path / "costs.json"
+    rc = profiler().main([
+        "--http-url", server.http_url, "--metrics-url", server.metrics_url,
+        "--concurrency", "1,3", "--draft-tokens", "0,4", "--max-tokens", "6",
+        "--out", str(out),
+    ])  # fmt: skip
+    assert rc == 0
+    document = json.loads(out.read_text())
+    points = document["points"]
+    assert [(p["concurrency"], p["k"]) for p in points] == [(1, 0), (3, 0), (1, 4), (3, 4)]
+    for p in points:
+        assert p["steps"] >= 1 and p["draft_ms"] > 0 and p["target_ms"] > 0
+        assert 1 <= p["sequences_per_step"] <= p["concurrency"]
+        # every draft is verified: tokens per step = sequences * (1 + K) up to the last steps
+        assert p["sequences_per_step"] <= p["target_tokens_per_step"]
+        assert p["target_tokens_per_step"] <= p["sequences_per_step"] * (1 + p["k"]) + 1e-9
+    assert max(p["target_tokens_per_step"] for p in points if p["k"] == 4) > 3
+    draft_cost, verify_cost = load_cost_tables(out)
+    assert len(draft_cost.sizes) >= 1 and len(verify_cost.sizes) >= 2
+    assert document["max_draft_tokens"] == 4
+
+
+def test_unreachable_server_is_a_clear_error(tmp_path: Path, capsys):
+    rc = profiler().main([
+        "--http-url", "http://127.0.0.1:9", "--metrics-url", "http://127.0.0.1:9/metrics",
+        "--concurrency", "1", "--draft-tokens", "2", "--out", str(tmp_path / "c.json"),
+    ])  # fmt: skip
+    assert rc == 2 and "error:" in capsys.readouterr().err
+    assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize("bad", [["--concurrency", "0"], ["--draft-tokens", "a,b"]])
+def test_bad_arguments(tmp_path: Path, bad: list[str]):
+    with pytest.raises(SystemExit):
+        profiler().main([*bad, "--out", str(tmp_path / "c")])
