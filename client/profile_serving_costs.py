@@ -75,6 +75,7 @@ def point(
     return {
         "k": k,
         "steps": d["steps"],
+        "prompt_tokens": prompt_tokens,
         "sequences_per_step": d["sequences"] / d["steps"],
         "target_tokens_per_step": (d["sequences"] + d["verified"] + prompt_tokens) / d["steps"],
         "draft_ms": d["draft_us"] / d["draft_execs"] / 1e3,

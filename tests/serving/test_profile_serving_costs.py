@@ -31,9 +31,13 @@ def test_cost_tables_from_triton_metrics(server, tmp_path: Path):
     for p in points:
         assert p["steps"] >= 1 and p["draft_ms"] > 0 and p["target_ms"] > 0
         assert 1 <= p["sequences_per_step"] <= p["concurrency"]
-        # every draft is verified: tokens per step = sequences * (1 + K) up to the last steps
-        assert p["sequences_per_step"] <= p["target_tokens_per_step"]
-        assert p["target_tokens_per_step"] <= p["sequences_per_step"] * (1 + p["k"]) + 1e-9
+        # every draft is verified: at most sequences * (1 + K) decode tokens, plus the prompts
+        prefill = p["prompt_tokens"] / p["steps"]
+        assert p["sequences_per_step"] + prefill <= p["target_tokens_per_step"] + 1e-9
+        assert (
+            p["target_tokens_per_step"] <= p["sequences_per_step"] * (1 + p["k"]) + prefill + 1e-9
+        )
+        assert p["prompt_tokens"] <= 16 * p["concurrency"]
     assert max(p["target_tokens_per_step"] for p in points if p["k"] == 4) > 3
     draft_cost, verify_cost = load_cost_tables(out)
     assert len(draft_cost.sizes) >= 1 and len(verify_cost.sizes) >= 2
