@@ -8,6 +8,9 @@ or gate in the exporter shows up as a logit mismatch:
   causal softmax(q k^T / sqrt(head_size)) v, then `dense`;
 - `GatedMLP`: proj(act(fc(x)) * gate(x)), biases when `mlp_bias`; `ACT2FN["gelu"]` is the tanh
   approximation (`gelu="erf"` swaps in the exact one to isolate the mapping from that difference);
+  `fused=True` computes it the way `trtllm-build`'s fused MLP does (`fuse_gate_mlp`: one GEMM
+  over the rows [gate; fc] and biases [gate; fc], then `geglu`, which multiplies the first half
+  by the GELU of the second);
 - `ln_f`, then `lm_head`.
 
 Full recomputation over one sequence, no cache: an oracle, not a runtime.
@@ -48,7 +51,24 @@ def _rope(x: Tensor, base: float) -> Tensor:
     return x * cos + rotated * sin
 
 
-def llama_logits(ckpt_dir: Path | str, input_ids: Sequence[int], gelu: str = "tanh") -> Tensor:
+def _gated_mlp(h: Tensor, w: dict[str, Tensor], p: str, bias: bool, gelu: str, fused: bool):
+    def b(name: str) -> Tensor | float:
+        return w[p + name] if bias else 0.0
+
+    if fused:
+        weight = torch.cat([w[p + "mlp.gate.weight"], w[p + "mlp.fc.weight"]])
+        offset = torch.cat([w[p + "mlp.gate.bias"], w[p + "mlp.fc.bias"]]) if bias else 0.0
+        first, second = (h @ weight.T + offset).chunk(2, -1)
+        inner = first * _gelu(second, gelu)
+    else:
+        inner = _gelu(h @ w[p + "mlp.fc.weight"].T + b("mlp.fc.bias"), gelu)
+        inner = inner * (h @ w[p + "mlp.gate.weight"].T + b("mlp.gate.bias"))
+    return inner @ w[p + "mlp.proj.weight"].T + b("mlp.proj.bias")
+
+
+def llama_logits(
+    ckpt_dir: Path | str, input_ids: Sequence[int], gelu: str = "tanh", fused: bool = False
+) -> Tensor:
     """Logits [seq, vocab] (float32) of the checkpoint in `ckpt_dir` for one token sequence."""
     ckpt_dir = Path(ckpt_dir)
     cfg = json.loads((ckpt_dir / "config.json").read_text())
@@ -73,9 +93,6 @@ def llama_logits(ckpt_dir: Path | str, input_ids: Sequence[int], gelu: str = "ta
         x = x + out @ w[p + "attention.dense.weight"].T
 
         h = _rms_norm(x, w[p + "post_layernorm.weight"], eps)
-        fc = h @ w[p + "mlp.fc.weight"].T + (w[p + "mlp.fc.bias"] if bias else 0)
-        gate = h @ w[p + "mlp.gate.weight"].T + (w[p + "mlp.gate.bias"] if bias else 0)
-        inner = _gelu(fc, gelu) * gate
-        x = x + inner @ w[p + "mlp.proj.weight"].T + (w[p + "mlp.proj.bias"] if bias else 0)
+        x = x + _gated_mlp(h, w, p, bias, gelu, fused)
     x = _rms_norm(x, w["transformer.ln_f.weight"], eps)
     return x @ w["lm_head.weight"].T

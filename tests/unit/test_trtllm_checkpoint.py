@@ -141,6 +141,15 @@ def test_mapping_is_exact(small_dir: Path, tmp_path: Path, source: str) -> None:
         torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
 
 
+def test_the_fused_mlp_of_trtllm_build_computes_the_same(tmp_path: Path) -> None:
+    """trtllm-build fuses gate and fc into one GEMM + geglu by default: same logits."""
+    ckpt = export_checkpoint(TARGET, tmp_path / "ckpt", "float32")
+    for ids in held_out_ids(4, 60):
+        torch.testing.assert_close(
+            llama_logits(ckpt, ids, fused=True), llama_logits(ckpt, ids), atol=1e-5, rtol=1e-5
+        )
+
+
 def swap(weights: dict, a: str, b: str) -> None:
     weights[a], weights[b] = weights[b].clone(), weights[a].clone()
 
