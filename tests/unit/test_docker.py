@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,16 @@ def test_entry_script_builds_the_engine_once_then_serves(tmp_path: Path) -> None
     for config in filled.rglob("config.pbtxt"):
         assert "${" not in config.read_text(), config
     assert str(engine) in (filled / "tensorrt_llm" / "config.pbtxt").read_text()
+
+
+def test_trtllm_extra_is_pinned_optional_and_matches_the_image() -> None:
+    """The CPU install never pulls TensorRT-LLM; the extra pins the version the image carries."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (pin,) = project["optional-dependencies"]["trtllm"]
+    name, version = pin.split("==")
+    assert name == "tensorrt-llm" and re.fullmatch(r"\d+\.\d+\.\d+", version)
+    installed = [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+    assert not any("tensorrt" in dep for dep in installed)
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-e '.[dev]'" in makefile and "trtllm]" not in makefile
+    assert f"TensorRT-LLM {version}" in (DOCKER / "Dockerfile").read_text()
