@@ -85,10 +85,14 @@ class ExportError(ValueError):
     """The source model directory, the dtype or the output directory is not usable."""
 
 
-def checkpoint_config(model: Transformer, dtype: str) -> dict:
-    """The TensorRT-LLM `config.json` of `model` exported in `dtype`."""
+def _check_dtype(dtype: str) -> None:
     if dtype not in DTYPES:
         raise ExportError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+
+
+def checkpoint_config(model: Transformer, dtype: str) -> dict:
+    """The TensorRT-LLM `config.json` of `model` exported in `dtype`."""
+    _check_dtype(dtype)
     c = model.config
     return {
         "architecture": ARCHITECTURE,
@@ -120,8 +124,7 @@ def checkpoint_config(model: Transformer, dtype: str) -> dict:
 
 def checkpoint_weights(model: Transformer, dtype: str) -> dict[str, torch.Tensor]:
     """`model`'s weights under TensorRT-LLM LLaMA names, (out, in) layout, cast to `dtype`."""
-    if dtype not in DTYPES:
-        raise ExportError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    _check_dtype(dtype)
     source = {k: v.detach().float() for k, v in model.state_dict().items()}
     hidden = model.blocks[0].mlp_in.out_features
     added = {  # the gate trick: fc and proj without offset, gate(x) = 0 . x + 1
