@@ -8,6 +8,7 @@ tanh GELU and float16 weights it measures how far the engine's target is from th
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -64,8 +65,13 @@ def small_dir(tmp_path_factory) -> Path:
     return path
 
 
+@functools.cache
+def torch_model(model_dir: Path) -> Transformer:
+    return load_model_dir(model_dir)[0]
+
+
 def torch_logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
-    model, _ = load_model_dir(model_dir)
+    model = torch_model(model_dir)
     with torch.no_grad():
         return model(torch.tensor([ids]))[0]
 
@@ -135,7 +141,7 @@ def test_mapping_is_exact(small_dir: Path, tmp_path: Path, source: str) -> None:
     model_dir = small_dir if source == "small" else TARGET
     export_checkpoint(model_dir, tmp_path / "ckpt", "float32")
     for ids in [[256], list(range(40)), *held_out_ids(4, 60)]:
-        ids = ids[: load_model_dir(model_dir)[0].config.max_length]
+        ids = ids[: torch_model(model_dir).config.max_length]
         expected = torch_logits(model_dir, ids)
         got = llama_logits(tmp_path / "ckpt", ids, gelu="erf")
         torch.testing.assert_close(got, expected, atol=2e-4, rtol=1e-4)
