@@ -7,7 +7,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: venv test unit lint format serve models bench clean
+.PHONY: venv test unit lint format serve models bench soak clean
 
 venv: $(STAMP)
 
@@ -61,3 +61,10 @@ bench: $(STAMP)
 		$(if $(wildcard $(BENCH_COSTS)),--cost-tables $(BENCH_COSTS)) \
 		--concurrency 1,4,16,64 --arms none,k2,k4,k8,av8 --workloads code,high_entropy \
 		--prompts 64 --max-tokens 32 --rounds 2 --warmup-requests 128 --out bench/reduced
+
+# Soak (client/soak.py): starts its own server on free ports, holds 64 concurrent client loops
+# (gRPC stream, HTTP generate / generate_stream, a few cancelled) for 10 minutes plus the server
+# start; fails on any failed request, >= 10% RSS growth of tritonserver or a stub after the 60 s
+# warm-up, or a /dev/shm region left behind. Writes bench/soak/{soak.json,memory.png,summary.txt}.
+soak: $(STAMP)
+	$(PY) client/soak.py --start-server --duration-s 600 --concurrency 64 --out bench/soak

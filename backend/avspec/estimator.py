@@ -63,11 +63,13 @@ class AcceptanceEstimator:
         """Label one step's verified drafts and accumulate them for the next refit.
 
         features, predictions: [batch, position], as made at draft time.
-        num_verified, num_accepted: [batch] integer, 0 <= num_accepted <= num_verified <= position.
+        num_verified, num_accepted: [batch] integer, 0 <= num_accepted <= num_verified <= position;
+        A negative num_accepted (`refit_excluded`) leaves that row unlabelled.
         An empty batch is accepted and changes nothing. Everything is validated before any state
         changes. check_values=True also rejects non-finite features / predictions, predictions
         outside [0, 1] and out-of-range counts (a host sync on CUDA); with False, such entries
-        are left unlabelled (counts are clipped) so they never reach the coefficients.
+        are left unlabelled (counts are clipped, a negative num_accepted labels nothing) so they
+        never reach the coefficients.
         """
         self._check_features("features", features)
         batch, positions = features.shape
@@ -209,8 +211,8 @@ class AcceptanceEstimator:
             raise ValueError("predictions must be finite probabilities in [0, 1]")
         if not bool(((num_verified >= 0) & (num_verified <= positions)).all()):
             raise ValueError(f"num_verified must be in [0, {positions}]")
-        if not bool(((num_accepted >= 0) & (num_accepted <= num_verified)).all()):
-            raise ValueError("num_accepted must be in [0, num_verified]")
+        if not bool(((num_accepted >= -1 - num_verified) & (num_accepted <= num_verified)).all()):
+            raise ValueError("num_accepted must be in [0, num_verified], or -1 - that (unlabelled)")
 
     def _add_to_bins(
         self, predictions: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor
@@ -224,17 +226,33 @@ class AcceptanceEstimator:
         self._bins.view(-1).index_add_(0, (index + offsets).flatten(), rows.flatten())
 
 
+def refit_excluded(num_accepted: torch.Tensor) -> torch.Tensor:
+    """Encode outcomes that must not feed the refit: a accepted drafts travel as -1 - a.
+
+    The verifier leaves negative rows unlabelled, and `accepted_counts` still recovers a, so
+    the accepted-token metrics stay exact for rows kept out of the refit.
+    """
+    return -1 - num_accepted
+
+
+def accepted_counts(prev_num_accepted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(accepted drafts, feeds the refit) per row of a `prev_num_accepted` [prev_batch]."""
+    labelled = prev_num_accepted >= 0
+    return torch.where(labelled, prev_num_accepted, -1 - prev_num_accepted), labelled
+
+
 def verification_labels(
     num_verified: torch.Tensor, num_accepted: torch.Tensor, positions: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (labels, mask), each [batch, position], from [batch] verification outcomes.
 
     labels is float (1 accepted, 0 first rejection); mask is True where a label exists.
-    Counts are clipped into range (num_accepted to [0, num_verified], both to [0, position]).
+    A negative num_accepted (-1: not for the refit) labels nothing in its row; other counts are
+    clipped into range (num_accepted to num_verified, num_verified to [0, position]).
     """
     pos = torch.arange(positions, device=num_verified.device)  # [position]
     verified = num_verified.long().clamp(0, positions).unsqueeze(1)  # [batch, 1]
-    accepted = torch.minimum(num_accepted.long().clamp_min(0).unsqueeze(1), verified)
+    accepted = torch.minimum(num_accepted.long().unsqueeze(1), verified)  # [batch, 1]
     accept = pos < accepted  # [batch, position]
     reject = (pos == accepted) & (accepted < verified)
     return accept.float(), accept | reject

@@ -6,7 +6,15 @@ the Triton step ensemble). Per sequence the scheduler keeps the contract's bookk
 the first step, then last step's accepted drafts and its correction/bonus token), `reusable` the
 number of those that were drafts, `start_positions` the committed length before them.
 
-- Requests beyond `max_batch_size` wait in a FIFO queue and join at a step boundary.
+- Admission control: `submit` raises `Overloaded` (nothing enqueued, `requests_rejected`
+  counted) when the wait queue already holds `max_queued` requests, or the request's client
+  `max_queued_per_client`, beyond the batch's free slots (requests the next step boundary will
+  admit anyway do not count). The limits are checked at submission; None means unbounded.
+- Fairness: queued requests join the batch at a step boundary, one per client in turn (round
+  robin over the clients with queued work, each client's own requests FIFO; the anonymous client
+  "" is one client). A request at the head of its client's queue is admitted within C
+  admissions, C = the clients with queued work at that moment (clients arriving later queue
+  behind it), so a burst from one client cannot starve another.
 - A request drafts at most `max_tokens - generated - 1` tokens, so no step overshoots its budget
   (fewer verified drafts never changes the output distribution).
 - EOS ends a request and is not emitted; `max_tokens` is honoured exactly.
@@ -15,29 +23,53 @@ number of those that were drafts, `start_positions` the committed length before 
   fails alone gets `on_error` and is released; the others continue. A callback that raises
   fails only its own request (its stream is broken); the loop goes on.
 - Finished, cancelled and failed sequences go out in the next step's `release_seq_ids`; with no
-  live sequence left, an empty-batch step carries them.
+  live sequence left, an empty-batch step carries them. Releases are never lost: a call that
+  raised hands its releases to the next call (a release is idempotent on the stages).
+- Refit guard: the `prev_num_accepted` sent with the next step marks, with
+  `avspec.estimator.refit_excluded` (a accepted drafts sent as -1 - a), the rows whose outcome
+  does not feed the refit: (a) rows whose temperature exceeds `refit_max_temperature` (both
+  distributions flatten towards uniform, acceptance approaches 1 whatever q_max says, so such
+  traffic would drag the slope down) and (b) rows over a client's share: of a step's n rows, one
+  client labels at most max(1, floor(s n)) rows, s = `refit_client_share`, taken in seq-id order
+  round robin from where its last labelled row left off, so each of its sequences is labelled in
+  turn. No single client supplies more than max(1, floor(s n)) of the n sequence-steps of any
+  step, hence at most share s (plus one row per step) of a refit window.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
+from avspec.estimator import refit_excluded
 from avspec.speculative_step import StepInputs, StepOutputs
 
 logger = logging.getLogger(__name__)
 
 StepFn = Callable[[StepInputs], StepOutputs]
 
+MAX_TEMPERATURE = 100.0  # a request's largest temperature (at 100 sampling is near uniform)
+_RETRY_S = 0.5  # background loop: wait after a release-only step failed before resending
+
+
+class Overloaded(RuntimeError):
+    """The wait queue is full for this request; the message says which limit and to retry."""
+
 
 @dataclass
 class GenerationRequest:
-    """One generation request; `num_draft_tokens` 0 turns speculation off for it."""
+    """One generation request; `num_draft_tokens` 0 turns speculation off for it.
+
+    `client` is the identity fairness and the refit share are counted by ("" = anonymous, one
+    client).
+    """
 
     prompt_ids: list[int]
     max_tokens: int
@@ -46,6 +78,7 @@ class GenerationRequest:
     random_seed: int = 0
     num_draft_tokens: int = 8
     adaptive: bool = True
+    client: str = ""
 
 
 @dataclass
@@ -67,6 +100,7 @@ class SchedulerCounters:
     steps: int = 0
     step_failures: int = 0
     requests_submitted: int = 0
+    requests_rejected: int = 0  # Overloaded at submission
     requests_finished: int = 0
     requests_cancelled: int = 0
     requests_failed: int = 0
@@ -110,7 +144,11 @@ class _Events:
 
 
 class Scheduler:
-    """Thread-safe in-flight batching scheduler over a step function."""
+    """Thread-safe in-flight batching scheduler over a step function.
+
+    The admission limits and the refit guard default to off (unbounded queue, every row
+    labelled); the served entry model sets them from its parameters (docs/serving.md).
+    """
 
     def __init__(
         self,
@@ -119,6 +157,11 @@ class Scheduler:
         max_batch_size: int,
         max_context: int,
         max_draft_tokens: int,
+        *,
+        max_queued: int | None = None,
+        max_queued_per_client: int | None = None,
+        refit_max_temperature: float = math.inf,
+        refit_client_share: float = 1.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -126,19 +169,34 @@ class Scheduler:
             raise ValueError(f"max_draft_tokens must be >= 0, got {max_draft_tokens}")
         if max_context < 2 + max_draft_tokens:
             raise ValueError(f"max_context {max_context} leaves no room for a prompt and a token")
+        limits = {"max_queued": max_queued, "max_queued_per_client": max_queued_per_client}
+        for name, limit in limits.items():
+            if limit is not None and limit < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {limit}")
+        if not refit_max_temperature >= 0:
+            raise ValueError(f"refit_max_temperature must be >= 0, got {refit_max_temperature}")
+        if not 0 < refit_client_share <= 1:
+            raise ValueError(f"refit_client_share must lie in (0, 1], got {refit_client_share}")
         self.step_fn = step_fn
         self.eos_id = eos_id
         self.max_batch_size = max_batch_size
         self.max_context = max_context
         self.max_draft_tokens = max_draft_tokens
+        self.max_queued = max_queued
+        self.max_queued_per_client = max_queued_per_client
+        self.refit_max_temperature = refit_max_temperature
+        self.refit_client_share = refit_client_share
         self.counters = SchedulerCounters()
         self._lock = threading.RLock()
         self._work = threading.Condition(self._lock)
         self._step_lock = threading.Lock()
-        self._queue: deque[_Sequence] = deque()
+        # client -> its queued requests (FIFO); key order is the round-robin order
+        self._queues: OrderedDict[str, deque[_Sequence]] = OrderedDict()
         self._live: list[_Sequence] = []
         self._releases: list[int] = []
         self._prev_accepted = torch.zeros(0, dtype=torch.int32)
+        self._label_cursor: dict[str, int] = {}  # client -> seq id of its last labelled row
+        self._stalled = False  # the last step was release-only and its call failed
         self._next_id = 1
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -151,8 +209,14 @@ class Scheduler:
 
     @property
     def queued_count(self) -> int:
+        """Requests waiting for a batch slot, all clients together."""
         with self._lock:
-            return len(self._queue)
+            return sum(len(queue) for queue in self._queues.values())
+
+    def queued_by_client(self) -> dict[str, int]:
+        """Waiting requests per client (clients with none are absent)."""
+        with self._lock:
+            return {client: len(queue) for client, queue in self._queues.items()}
 
     def submit(
         self,
@@ -160,12 +224,16 @@ class Scheduler:
         on_step: Callable[[StepReport], None],
         on_error: Callable[[Exception], None],
     ) -> int:
-        """Validate and enqueue `request`; return its sequence id. Raises ValueError if invalid."""
+        """Validate and enqueue `request`; return its sequence id.
+
+        Raises ValueError if invalid, Overloaded if a queue limit is reached.
+        """
         self._validate(request)
         with self._lock:
+            self._check_room(request.client)
             seq = _Sequence(self._next_id, request, on_step, on_error, list(request.prompt_ids))
             self._next_id += 1
-            self._queue.append(seq)
+            self._queues.setdefault(request.client, deque()).append(seq)
             self.counters.requests_submitted += 1
             self._work.notify_all()
             return seq.seq_id
@@ -176,8 +244,11 @@ class Scheduler:
             seq = self._find(seq_id)
             if seq is None:
                 return False
-            if seq in self._queue:
-                self._queue.remove(seq)
+            queue = self._queues.get(seq.request.client)
+            if queue is not None and seq in queue:
+                queue.remove(seq)
+                if not queue:
+                    del self._queues[seq.request.client]
             else:
                 self._live.remove(seq)
                 self._releases.append(seq_id)
@@ -190,25 +261,31 @@ class Scheduler:
         """Run one decode step for every live sequence; return how many were stepped."""
         with self._step_lock:
             with self._lock:
-                while self._queue and len(self._live) < self.max_batch_size:
-                    self._live.append(self._queue.popleft())
+                self._admit()
                 batch = list(self._live)
                 releases, self._releases = self._releases, []
                 prev = self._prev_accepted
             if not batch and not releases:
                 return 0
-            outcomes, failures, prev = self._run(batch, releases, prev)
+            outcomes, failures, prev, unsent = self._run(batch, releases, prev)
             with self._lock:
                 self._prev_accepted = prev
+                self._releases[:0] = unsent  # resent first, with the next step
+                self._stalled = not batch and bool(unsent)
                 self.counters.steps += 1
                 events = self._apply(batch, outcomes, failures)
             self._deliver(events)
             return len(batch)
 
     def run_until_idle(self) -> None:
-        """Step until no request is queued or live and every release has been sent."""
+        """Step until no request is queued or live and every release has been sent.
+
+        Also returns when a release-only step fails: its releases stay pending for the next step.
+        """
         while self._has_work():
             self.step()
+            if self._stalled:
+                return
 
     def start(self) -> None:
         """Step on a background thread while there is work; sleep otherwise."""
@@ -239,10 +316,15 @@ class Scheduler:
             raise ValueError(
                 f"num_draft_tokens {request.num_draft_tokens} outside 0..{self.max_draft_tokens}"
             )
-        if not request.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {request.temperature}")
+        if not 0 <= request.temperature <= MAX_TEMPERATURE:
+            raise ValueError(
+                f"temperature must lie in 0..{MAX_TEMPERATURE:g} (0 = greedy), "
+                f"got {request.temperature}"
+            )
         if not 0 < request.top_p <= 1:
             raise ValueError(f"top_p must lie in (0, 1], got {request.top_p}")
+        if not isinstance(request.client, str):
+            raise ValueError(f"client must be a string, got {type(request.client).__name__}")
         need = len(request.prompt_ids) + request.max_tokens + self.max_draft_tokens
         if need > self.max_context:
             raise ValueError(
@@ -251,42 +333,103 @@ class Scheduler:
                 f"{self.max_context}"
             )
 
+    def _check_room(self, client: str) -> None:
+        """Raise Overloaded if a queue limit is reached (lock held); free batch slots are room."""
+        free = max(0, self.max_batch_size - len(self._live))
+        total = sum(len(queue) for queue in self._queues.values())
+        mine = len(self._queues.get(client, ()))
+        for limit, queued, whose in (
+            (self.max_queued, total, ""),
+            (self.max_queued_per_client, mine, " for this client"),
+        ):
+            if limit is not None and queued - free >= limit:
+                self.counters.requests_rejected += 1
+                raise Overloaded(
+                    f"overloaded: {queued - free} requests queued{whose} (limit {limit}); "
+                    "retry later"
+                )
+
+    def _admit(self) -> None:
+        """Move queued requests into free batch slots, one per client in turn (lock held)."""
+        while self._queues and len(self._live) < self.max_batch_size:
+            client, queue = next(iter(self._queues.items()))
+            self._live.append(queue.popleft())
+            del self._queues[client]
+            if queue:
+                self._queues[client] = queue  # to the back of the rotation
+
     def _find(self, seq_id: int) -> _Sequence | None:
-        for seq in (*self._queue, *self._live):
+        for seq in (*(s for q in self._queues.values() for s in q), *self._live):
             if seq.seq_id == seq_id:
                 return seq
         return None
 
     def _has_work(self) -> bool:
         with self._lock:
-            return bool(self._queue or self._live or self._releases)
+            return bool(self._queues or self._live or self._releases)
 
     def _run(
         self, batch: list[_Sequence], releases: list[int], prev: torch.Tensor
-    ) -> tuple[dict[int, _Outcome], dict[int, Exception], torch.Tensor]:
-        """Call step_fn on the batch; on failure replay each sequence alone."""
+    ) -> tuple[dict[int, _Outcome], dict[int, Exception], torch.Tensor, list[int]]:
+        """Call step_fn on the batch; on failure replay each sequence alone.
+
+        Returns (outcomes, failures, prev_num_accepted for the next step, releases whose every
+        carrying call raised).
+        """
+        empty = torch.zeros(0, dtype=torch.int32)
         try:
             outputs = self.step_fn(_build_inputs(batch, releases, prev))
+            releases = []  # the call returned: every stage has freed them
             outcomes = _read_outputs(outputs, batch, self.max_draft_tokens)
-            return outcomes, {}, outputs.num_accepted.detach().to("cpu", torch.int32)
+            return outcomes, {}, self._refit_outcomes(batch, outcomes), []
         except Exception as exc:  # noqa: BLE001 - isolate the failing sequence below
             if not batch:
-                logger.warning("release-only step failed: %s", exc)
-                return {}, {}, torch.zeros(0, dtype=torch.int32)
+                logger.warning("release-only step failed (%s); releases kept for the next", exc)
+                return {}, {}, empty, releases
             logger.warning(
                 "step of %d sequences failed (%s); replaying each alone", len(batch), exc
             )
             with self._lock:
                 self.counters.step_failures += 1
         outcomes, failures = {}, {}
-        empty = torch.zeros(0, dtype=torch.int32)
-        for i, seq in enumerate(batch):
+        for seq in batch:
             try:
-                outputs = self.step_fn(_build_inputs([seq], releases if i == 0 else [], empty))
+                outputs = self.step_fn(_build_inputs([seq], releases, empty))
+                releases = []
                 outcomes.update(_read_outputs(outputs, [seq], self.max_draft_tokens))
             except Exception as exc:  # noqa: BLE001 - reported through on_error
                 failures[seq.seq_id] = exc
-        return outcomes, failures, empty
+        return outcomes, failures, empty, releases
+
+    def _refit_outcomes(
+        self, batch: list[_Sequence], outcomes: dict[int, _Outcome]
+    ) -> torch.Tensor:
+        """prev_num_accepted [batch] int32 for the next step, rows kept out of the refit encoded
+        by `refit_excluded`."""
+        values = [outcomes[seq.seq_id].accepted for seq in batch]
+        excluded: set[int] = set()
+        rows: dict[str, list[int]] = {}  # client -> its rows that would be labelled
+        for row, seq in enumerate(batch):
+            if seq.request.temperature > self.refit_max_temperature:
+                excluded.add(row)
+            elif outcomes[seq.seq_id].verified > 0:
+                rows.setdefault(seq.request.client, []).append(row)
+        # 1e-9: a float product like 0.29 * 100 = 28.999999999999996 must still give 29
+        cap = max(1, math.floor(self.refit_client_share * len(batch) + 1e-9))
+        cursors = {}
+        for client, mine in rows.items():
+            cursors[client] = self._label_cursor.get(client, 0)
+            if len(mine) <= cap:
+                continue
+            by_id = {batch[row].seq_id: row for row in mine}
+            chosen = _round_robin(sorted(by_id), cursors[client], cap)
+            cursors[client] = chosen[-1]
+            excluded.update(by_id[seq_id] for seq_id in by_id.keys() - set(chosen))
+        self._label_cursor = cursors
+        values = torch.tensor(values, dtype=torch.int32)
+        rows_out = torch.tensor(sorted(excluded), dtype=torch.long)
+        values[rows_out] = refit_excluded(values[rows_out])
+        return values
 
     def _apply(
         self, batch: list[_Sequence], outcomes: dict[int, _Outcome], failures: dict[int, Exception]
@@ -367,6 +510,9 @@ class Scheduler:
                     return
             try:
                 self.step()
+                if self._stalled:  # the step function is down: retry soon, or on new work
+                    with self._work:
+                        self._work.wait(_RETRY_S)
             except Exception as exc:  # noqa: BLE001 - a scheduler bug: fail everyone, keep serving
                 logger.exception("scheduler step crashed")
                 with self._lock:
@@ -375,6 +521,12 @@ class Scheduler:
                         self._retire(seq)
                     self.counters.requests_failed += len(doomed)
                 self._deliver(_Events(errors=[(seq, exc) for seq in doomed]))
+
+
+def _round_robin(ids: list[int], cursor: int, count: int) -> list[int]:
+    """`count` of the sorted `ids`, cyclically from the first one above `cursor`."""
+    start = bisect.bisect_right(ids, cursor)
+    return [ids[(start + i) % len(ids)] for i in range(count)]
 
 
 def _build_inputs(batch: list[_Sequence], releases: list[int], prev: torch.Tensor) -> StepInputs:

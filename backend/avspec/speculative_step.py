@@ -38,7 +38,9 @@ class StepInputs:
     temperature: torch.Tensor  # [batch] float32, 0 = greedy
     top_p: torch.Tensor  # [batch] float32 in (0, 1]
     random_seed: torch.Tensor  # [batch] int64
-    prev_num_accepted: torch.Tensor  # [prev_batch] int32, aligned with the previous step's batch
+    # [prev_batch] int32, previous batch order; negative: kept out of the refit
+    # (avspec.estimator.refit_excluded)
+    prev_num_accepted: torch.Tensor
     release_seq_ids: torch.Tensor  # [released] int64, freed before this step
 
     @property

@@ -2,8 +2,9 @@
 
 One `AdaptiveVerifier.step` per decode step (spec sections 2-4), in this order:
 
-1. label the previous step: its outcome `prev_num_accepted` (aligned with the previous batch) and
-   the features / predictions / num_verify recorded then go to `estimator.observe`; then
+1. label the previous step: its outcome `prev_num_accepted` (aligned with the previous batch; -1
+   = this row does not feed the refit) and the features / predictions / num_verify recorded then
+   go to `estimator.observe`; then
    `estimator.step()` (counts the decode step, refits on schedule);
 2. confidences c = estimator.predict(features); survival = cumprod(c) over each request's drafts;
 3. budget = argmax expected tokens / cost over the PREVIOUS step's survival values of the
@@ -35,7 +36,7 @@ import torch
 from avspec.budget import choose_budget
 from avspec.checks import check_finite, check_same_device, check_shape
 from avspec.cost_table import CostTable
-from avspec.estimator import AcceptanceEstimator
+from avspec.estimator import AcceptanceEstimator, accepted_counts
 from avspec.survival import admit, survival
 
 
@@ -99,7 +100,8 @@ class AdaptiveVerifier:
         seq_ids [batch] int64 (distinct), features [batch, position] fp (logit q_max; padding
         positions may hold anything), num_draft_tokens [batch] int in 0..position, adaptive
         [batch] bool, prev_num_accepted [prev_batch] int (empty = no outcome; a length other than
-        the previous batch drops that record, counted in num_dropped_records), release_seq_ids
+        the previous batch drops that record, counted in num_dropped_records; -1 leaves that row
+        unlabelled), release_seq_ids
         [released] int64 (forgotten before matching, so a reused id counts as new), base_tokens:
         tokens the target runs anyway. An empty batch is valid (e.g. a release-only call): it
         labels the previous step, returns empty tensors and does not count as a decode step.
@@ -234,9 +236,12 @@ class AdaptiveVerifier:
             raise ValueError("features at draft positions contains -inf")
         pending = self._pending
         if pending is not None and pending.num_verify.shape[0] == prev_num_accepted.shape[0]:
-            bad = (prev_num_accepted < 0) | (prev_num_accepted > pending.num_verify)
-            if bool(bad.any()):
-                raise ValueError("prev_num_accepted must lie in 0..the previous step's num_verify")
+            accepted, _ = accepted_counts(prev_num_accepted)
+            if bool((accepted > pending.num_verify).any()):
+                raise ValueError(
+                    "prev_num_accepted must lie in 0..the previous step's num_verify, "
+                    "or be -1 - that (refit_excluded: not for the refit)"
+                )
 
 
 def _fit_columns(values: torch.Tensor, num_pos: int) -> torch.Tensor:

@@ -26,6 +26,7 @@ REPOSITORY = ROOT / "model_repository"
 K = 8
 MAX_LENGTH = 256
 REFIT_INTERVAL = 10
+ADMIN_KEY = "serving-tests-admin-key-0123456789"  # the operator's key: admin calls go through
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -92,7 +93,13 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     )
     log = tmp / "tritonserver.log"
     process = ServerProcess(
-        repository, free_port(), free_port(), free_port(), exit_timeout_s=5, log_path=log
+        repository,
+        free_port(),
+        free_port(),
+        free_port(),
+        exit_timeout_s=5,
+        log_path=log,
+        admin_key=ADMIN_KEY,
     )
     try:
         process.start()

@@ -77,6 +77,44 @@ def test_load_estimator_missing_corrupt_and_valid(
     assert float(load_estimator(config, snapshot, "cpu").slope) == pytest.approx(0.7)
 
 
+def verifier_step(batch: int = 2) -> dict[str, np.ndarray]:
+    return {
+        "seq_ids": np.arange(1, batch + 1, dtype=np.int64),
+        "draft_features": np.ones((batch, K), dtype=np.float32),
+        "num_draft_tokens": np.full(batch, K, dtype=np.int32),
+        "adaptive": np.ones(batch, dtype=np.bool_),
+        "prev_num_accepted": np.zeros(0, dtype=np.int32),
+        "release_seq_ids": np.zeros(0, dtype=np.int64),
+        "input_lengths": np.full(batch, 3, dtype=np.int32),
+        "reusable": np.zeros(batch, dtype=np.int32),
+    }
+
+
+def test_invalid_snapshot_is_moved_aside_and_replaced(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A finite double that overflows float32 (slope 1e300) must not become an inf slope that
+    no refit can save: the file is reported, moved aside, and the next refit writes a valid one."""
+    config = EstimatorConfig(num_positions=K, refit_interval=1)
+    snapshot = tmp_path / "snap.json"
+    save_snapshot(load_estimator(config, None, "cpu"), snapshot)
+    document = json.loads(snapshot.read_text())
+    snapshot.write_text(json.dumps({**document, "slope": 1e300}))
+    with caplog.at_level(logging.WARNING):
+        adapter = VerifierAdapter(config, VerifierParams(snapshot_path="snap.json"), tmp_path)
+    assert float(adapter.estimator.slope) == config.initial_slope
+    assert str(snapshot) in caplog.text and "slope" in caplog.text
+    moved = [p for p in tmp_path.iterdir() if p.name.startswith("snap.json.invalid-")]
+    assert len(moved) == 1 and json.loads(moved[0].read_text())["slope"] == 1e300
+    assert moved[0].name in caplog.text
+    assert not snapshot.exists()
+    _, stats = adapter(verifier_step())
+    assert stats.refitted
+    assert float(load_estimator(config, snapshot, "cpu").slope) == pytest.approx(
+        float(adapter.estimator.slope)
+    )
+
+
 def test_stage_adapters_run_a_step(pair: tuple[Path, Path], tmp_path: Path) -> None:
     target_dir, draft_dir = pair
     params = {"max_draft_tokens": K, "max_sequences": 4, "max_length": 64}

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from avspec.scheduler import StepReport
-from avspec.serving.repository import EntryParams
-from avspec.serving.requests import RequestError, ResponseStream, parse_generation_inputs
+from avspec.serving.repository import (
+    EntryParams,
+    model_parameters,
+    parse_parameters,
+    read_config_parameters,
+)
+from avspec.serving.requests import (
+    MAX_TEMPERATURE,
+    RequestError,
+    ResponseStream,
+    parse_client,
+    parse_generation_inputs,
+)
 from avspec.tokenizer import ByteTokenizer
+
+ENTRY_CONFIG = Path(__file__).resolve().parents[2] / "model_repository/speculative/config.pbtxt"
 
 PARAMS = EntryParams(max_draft_tokens=8, adaptive_verification=True)
 TOKENIZER = ByteTokenizer()
@@ -62,11 +77,94 @@ def test_adaptive_default_from_parameters() -> None:
         ({"top_p": 2.0}, "top_p"),
         ({"num_draft_tokens": 9}, "num_draft_tokens"),
         ({"num_draft_tokens": -1}, "num_draft_tokens"),
+        ({"temperature": 1e39}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": np.float32(MAX_TEMPERATURE) * 1.01}, "temperature"),
+        ({"top_p": float("inf")}, "top_p"),
+        ({"top_p": float("-inf")}, "top_p"),
+        # wider integers than declared are refused as received, never wrapped into int32
+        ({"max_tokens": np.uint64(4294967300)}, "max_tokens must lie in 1..2147483647"),
+        ({"max_tokens": np.int64(4294967300)}, "max_tokens"),
+        ({"max_tokens": np.int64(2**31)}, "max_tokens"),
+        ({"max_tokens": np.int64(-(2**40))}, "max_tokens"),
+        ({"max_tokens": 4.0}, "max_tokens must be an integer"),
+        ({"max_tokens": True}, "max_tokens must be an integer"),
+        ({"num_draft_tokens": np.uint64(2**32 + 3)}, "num_draft_tokens"),
+        ({"random_seed": 1.5}, "random_seed must be an integer"),
     ],
 )
 def test_invalid_inputs_name_the_problem(values: dict, problem: str) -> None:
     with pytest.raises(RequestError, match=problem):
         parse(**values)
+
+
+def test_integer_and_temperature_bounds_are_inclusive() -> None:
+    request, _ = parse(max_tokens=np.uint64(2**31 - 1), temperature=MAX_TEMPERATURE)
+    assert request.max_tokens == 2**31 - 1 and request.temperature == MAX_TEMPERATURE
+    request, _ = parse(random_seed=np.int64(-1))
+    assert request.random_seed == 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    ("parameters", "client"),
+    [
+        (None, ""),
+        ("", ""),
+        ("{}", ""),
+        ('{"priority": 1}', ""),
+        ('{"avspec-client": "tenant-7"}', "tenant-7"),
+        ('{"Avspec-Client": "tenant-7"}', "tenant-7"),
+        ('{"avspec-client": ""}', ""),
+    ],
+)
+def test_parse_client(parameters: str | None, client: str) -> None:
+    assert parse_client(parameters) == client
+
+
+@pytest.mark.parametrize(
+    ("parameters", "problem"),
+    [
+        ('{"avspec-client": 7}', "avspec-client must be a string"),
+        ('{"avspec-client": "' + "x" * 257 + '"}', "at most 256"),
+        ("{not json", "not valid JSON"),
+        ("[1]", "JSON object"),
+    ],
+)
+def test_parse_client_refuses(parameters: str, problem: str) -> None:
+    with pytest.raises(RequestError, match=problem):
+        parse_client(parameters)
+
+
+def test_client_reaches_the_request() -> None:
+    request, _ = parse_generation_inputs(inputs(), PARAMS, TOKENIZER, client="tenant-7")
+    assert request.client == "tenant-7"
+    assert parse()[0].client == ""
+
+
+def test_entry_config_lists_the_admission_and_refit_parameters() -> None:
+    params = read_config_parameters(ENTRY_CONFIG.read_text())
+    entry = parse_parameters(EntryParams, model_parameters({"parameters": params}))
+    assert (entry.max_queued, entry.max_queued_per_client) == (256, 64)
+    assert (entry.refit_max_temperature, entry.refit_client_share) == (2.0, 0.25)
+    assert entry == EntryParams(max_context=entry.max_context)  # config agrees with the defaults
+    unbounded = parse_parameters(EntryParams, {"max_queued": "none", "max_queued_per_client": ""})
+    assert unbounded.max_queued is None and unbounded.max_queued_per_client is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_queued", 0),
+        ("max_queued_per_client", 0),
+        ("refit_max_temperature", -1.0),
+        ("refit_max_temperature", float("nan")),
+        ("refit_client_share", 0.0),
+        ("refit_client_share", 1.5),
+    ],
+)
+def test_entry_params_reject_bad_admission_and_refit_values(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        EntryParams(**{field: value})
 
 
 def test_missing_required_inputs() -> None:

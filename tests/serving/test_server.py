@@ -20,7 +20,7 @@ from clients import (
     post_json,
     tritonclient_http_generate,
 )
-from conftest import K, scrape
+from conftest import ADMIN_KEY, K, scrape
 from tritonclient.utils import InferenceServerException
 
 from avspec.serving.launcher import ServerProcess
@@ -69,11 +69,12 @@ def test_tritonclient_http(server: ServerProcess) -> None:
     """
     with httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}") as client:
         assert client.is_server_ready()
-        for model in ("speculative", "speculative_step", "draft", "verifier", "target"):
-            assert client.is_model_ready(model)
+        assert client.is_model_ready("speculative")
+        for model in ("speculative_step", "draft", "verifier", "target"):
+            assert not client.is_model_ready(model)  # internal: not even visible (403)
         inputs = {i["name"] for i in client.get_model_metadata("speculative")["inputs"]}
         assert {"text_input", "max_tokens", "stream", "adaptive_verification"} <= inputs
-        config = client.get_model_config("speculative")
+        config = client.get_model_config("speculative", headers={"avspec-admin-key": ADMIN_KEY})
         assert config["model_transaction_policy"]["decoupled"] is True
     with pytest.raises(InferenceServerException, match="decoupled"):
         tritonclient_http_generate(f"127.0.0.1:{server.http_port}", text_input="x", max_tokens=2)
@@ -198,6 +199,7 @@ def test_grpc_cancellation_frees_sequences(server: ServerProcess) -> None:
         ({"text_input": "x", "max_tokens": 8, "num_draft_tokens": K + 1}, "num_draft_tokens"),
         ({"text_input": "x", "max_tokens": 8, "top_p": 2.0}, "top_p"),
         ({"text_input": "x", "max_tokens": 8, "temperature": -1.0}, "temperature"),
+        ({"text_input": "x", "max_tokens": 8, "temperature": 1000.0}, "temperature"),
         ({"text_input": "x", "max_tokens": 100000}, "max_context"),
     ],
 )
@@ -236,3 +238,34 @@ def test_warm_start_restores_coefficients(server: ServerProcess) -> None:
     assert server.snapshot_path.is_file()
     # The step ensemble works with the reloaded verifier.
     assert len(http_generate(server.http_url, text_input="again", max_tokens=6).text) == 6
+
+
+def _verifier_failures(samples: dict) -> float:
+    return sum(
+        value
+        for (name, labels), value in samples.items()
+        if name == "nv_inference_request_failure" and ("model", "verifier") in labels
+    )
+
+
+def test_hot_requests_stay_out_of_the_refit(server: ServerProcess) -> None:
+    """temperature 3 > refit_max_temperature: rows reach the verifier as -1, no step fails."""
+    before = scrape(server)
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(
+            pool.map(
+                lambda i: http_generate(
+                    server.http_url,
+                    text_input=PROMPTS[i],
+                    max_tokens=16,
+                    temperature=3.0,
+                    random_seed=i,
+                ),  # fmt: skip
+                range(4),
+            )
+        )
+    after = scrape(server)
+    assert all(out.drafted > 0 for out in outs)
+    assert _verifier_failures(after) == _verifier_failures(before)
+    accepted = [metric_value(s, "av_accepted_tokens_total") for s in (before, after)]
+    assert accepted[1] >= accepted[0]

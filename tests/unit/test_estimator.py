@@ -67,6 +67,33 @@ def test_labels_from_verification() -> None:
     ]
 
 
+def test_minus_one_leaves_the_row_unlabelled() -> None:
+    labels, mask = verification_labels(torch.tensor([3, 3, 0]), torch.tensor([-1, 1, -1]), 3)
+    assert mask.int().tolist() == [[0, 0, 0], [1, 1, 0], [0, 0, 0]]
+    assert labels.int().tolist() == [[0, 0, 0], [1, 0, 0], [0, 0, 0]]
+
+
+@pytest.mark.parametrize("check_values", [True, False])
+def test_rows_marked_minus_one_change_nothing(check_values: bool) -> None:
+    """Statistics and calibration bins equal those of the batch without the -1 rows."""
+    cfg = EstimatorConfig(num_positions=3)
+    marked, subset = AcceptanceEstimator(cfg), AcceptanceEstimator(cfg)
+    gen = torch.Generator().manual_seed(7)
+    f = torch.randn(32, 3, generator=gen)
+    verified = torch.randint(0, 4, (32,), generator=gen)
+    accepted = torch.minimum(torch.randint(0, 4, (32,), generator=gen), verified)
+    skip = torch.rand(32, generator=gen) < 0.4
+    marked.observe(
+        f, marked.predict(f), verified, torch.where(skip, -1, accepted), check_values=check_values
+    )
+    keep = ~skip
+    subset.observe(f[keep], subset.predict(f[keep]), verified[keep], accepted[keep])
+    for key, value in subset.state_dict()["stats"].items():
+        torch.testing.assert_close(marked.state_dict()["stats"][key], value)
+    torch.testing.assert_close(marked.state_dict()["bins"], subset.state_dict()["bins"])
+    assert int(marked.stats.n.sum()) > 0
+
+
 def test_predict_uses_slope_and_per_position_intercepts() -> None:
     est = AcceptanceEstimator(EstimatorConfig(num_positions=3))
     est.intercepts.copy_(torch.tensor([1.0, 0.0, -1.0]))
@@ -245,7 +272,7 @@ def _good() -> dict[str, torch.Tensor]:
         ({"num_accepted": torch.tensor([1, 1], device="meta")}, "share one device"),
         ({"num_verified": torch.tensor([3.0, 1.0])}, "integer tensor"),
         ({"num_accepted": torch.tensor([2, 2])}, "num_accepted must be in"),
-        ({"num_accepted": torch.tensor([-1, 0])}, "num_accepted must be in"),
+        ({"num_accepted": torch.tensor([-100, 0])}, "num_accepted must be in"),
         ({"num_verified": torch.tensor([4, 1])}, "num_verified must be in"),
         ({"features": torch.tensor([[0.0, float("nan"), 0.0], [0.0] * 3])}, "features contains"),
         ({"predictions": torch.tensor([[0.5, 1.5, 0.5], [0.5] * 3])}, "predictions must be"),

@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
+from test_draft_stage import perturbed, tiny_model
 
-from avspec.scheduler import GenerationRequest, Scheduler, StepReport, generate
-from avspec.speculative_step import StepInputs, StepOutputs
+import avspec.scheduler
+from avspec.estimator import refit_excluded
+from avspec.scheduler import (
+    MAX_TEMPERATURE,
+    GenerationRequest,
+    Overloaded,
+    Scheduler,
+    StepReport,
+    generate,
+)
+from avspec.speculative_step import SpeculativeStep, StepInputs, StepOutputs
 
 K = 8
 EOS = 256
@@ -218,6 +229,9 @@ def test_raising_callback_does_not_kill_the_loop() -> None:
         ({"num_draft_tokens": -1}, "num_draft_tokens"),
         ({"temperature": -0.5}, "temperature"),
         ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": MAX_TEMPERATURE * 1.01}, "temperature"),
+        ({"client": None}, "client"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"max_tokens": 60}, "max_context"),
@@ -232,12 +246,21 @@ def test_submission_validation(kwargs: dict, match: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("args", "match"),
-    [((0, 64, K), "max_batch_size"), ((4, 64, -1), "max_draft_tokens"), ((4, 5, K), "max_context")],
+    ("args", "kwargs", "match"),
+    [
+        ((0, 64, K), {}, "max_batch_size"),
+        ((4, 64, -1), {}, "max_draft_tokens"),
+        ((4, 5, K), {}, "max_context"),
+        ((4, 64, K), {"max_queued": 0}, "max_queued"),
+        ((4, 64, K), {"max_queued_per_client": 0}, "max_queued_per_client"),
+        ((4, 64, K), {"refit_max_temperature": float("nan")}, "refit_max_temperature"),
+        ((4, 64, K), {"refit_client_share": 0.0}, "refit_client_share"),
+        ((4, 64, K), {"refit_client_share": 1.5}, "refit_client_share"),
+    ],
 )
-def test_constructor_validation(args: tuple, match: str) -> None:
+def test_constructor_validation(args: tuple, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        Scheduler(FakeStep(), EOS, *args)
+        Scheduler(FakeStep(), EOS, *args, **kwargs)
 
 
 def test_background_thread_serves_and_stops() -> None:
@@ -283,3 +306,198 @@ def test_generate_helper() -> None:
         generate(FakeStep(poison={1}), [GenerationRequest([5], 2)])
     scheduler = make(FakeStep())
     assert generate(scheduler, [GenerationRequest([5], 1)]) == [expected(1, 1, 1)]
+
+
+class FailOn:
+    """Wraps a FakeStep: raises on the given call numbers (1-based) before the fake sees them."""
+
+    def __init__(self, fake: FakeStep, calls: set[int]) -> None:
+        self.fake, self.fail, self.calls = fake, calls, 0
+        self.max_draft_tokens = fake.max_draft_tokens
+
+    def __call__(self, inputs: StepInputs) -> StepOutputs:
+        self.calls += 1
+        if self.calls in self.fail:
+            raise RuntimeError(f"transient failure of call {self.calls}")
+        return self.fake(inputs)
+
+
+def test_failed_release_only_step_keeps_its_releases() -> None:
+    fake = FakeStep()
+    scheduler = Scheduler(FailOn(fake, {2}), EOS, 8, 128, K)
+    done_id, _ = submit(scheduler, 3, 1)
+    scheduler.step()  # call 1: finishes the request
+    scheduler.step()  # call 2: release-only, fails
+    assert fake.released == []
+    scheduler.step()  # call 3 carries the release again
+    assert fake.released == [done_id] and fake.history == {}
+
+
+def test_failed_replay_hands_its_releases_on() -> None:
+    fake = FakeStep()
+    scheduler = Scheduler(FailOn(fake, {2, 3}), EOS, 8, 128, K)
+    done_id, _ = submit(scheduler, 3, 1)
+    scheduler.step()  # call 1: finishes the first request; its release is pending
+    (bad_id, bad), (good_id, good) = submit(scheduler, 3, 6), submit(scheduler, 3, 6)
+    scheduler.run_until_idle()  # call 2 (batch) and call 3 (first replay) fail
+    assert done_id in fake.released and bad_id in fake.released
+    assert fake.history == {}
+    assert len(bad.errors) == 1 and good.tokens == expected(good_id, 3, 6)
+
+
+def test_a_burst_cannot_starve_another_client() -> None:
+    """640 queued from A, then one from B: B joins the first batch, before A's 64th."""
+    fake = FakeStep()
+    scheduler = make(fake, max_batch_size=64)
+    a_ids = [submit(scheduler, 2, 3, client="A")[0] for _ in range(640)]
+    b_id, b = submit(scheduler, 2, 3, client="B")
+    assert scheduler.queued_by_client() == {"A": 640, "B": 1}
+    scheduler.step()
+    stepped = fake.calls[0].seq_ids.tolist()
+    assert stepped == [a_ids[0], b_id, *a_ids[1:63]]  # admission order: A, B, then A's
+    assert scheduler.queued_by_client() == {"A": 577}
+    assert b.reports and not b.errors
+
+
+def test_admission_is_round_robin_over_clients_fifo_within() -> None:
+    fake = FakeStep()
+    scheduler = make(fake, max_batch_size=1)
+    ids = {
+        c: [submit(scheduler, 2, 1, client=c)[0] for _ in range(n)] for c, n in (("A", 4), ("B", 2))
+    }
+    anonymous = submit(scheduler, 2, 1)[0]
+    scheduler.run_until_idle()
+    order = [c.seq_ids.tolist() for c in fake.calls if c.batch_size]
+    a, b = ids["A"], ids["B"]
+    assert order == [[a[0]], [b[0]], [anonymous], [a[1]], [b[1]], [a[2]], [a[3]]]
+
+
+def test_queue_limits_raise_overloaded() -> None:
+    scheduler = Scheduler(FakeStep(), EOS, 2, 128, K, max_queued=3, max_queued_per_client=2)
+    # Two free batch slots count as room: each limit applies to requests beyond them.
+    for _ in range(4):
+        submit(scheduler, 2, 3, client="A")
+    with pytest.raises(Overloaded, match=r"overloaded: 2 requests queued for this client "
+                       r"\(limit 2\); retry later"):  # fmt: skip
+        submit(scheduler, 2, 3, client="A")
+    submit(scheduler, 2, 3, client="B")
+    with pytest.raises(Overloaded, match=r"overloaded: 3 requests queued \(limit 3\); retry"):
+        submit(scheduler, 2, 3, client="C")
+    assert scheduler.queued_by_client() == {"A": 4, "B": 1}
+    counters = scheduler.counters
+    assert (counters.requests_submitted, counters.requests_rejected) == (5, 2)
+    scheduler.step()  # two join the batch: no free slot left, three wait
+    assert scheduler.queued_count == 3
+    with pytest.raises(Overloaded, match="3 requests queued"):
+        submit(scheduler, 2, 3, client="D")
+    scheduler.run_until_idle()
+    submit(scheduler, 2, 3, client="D")  # room again
+
+
+def test_cancel_a_queued_request_of_the_rotation() -> None:
+    fake = FakeStep()
+    scheduler = make(fake, max_batch_size=1)
+    first, _ = submit(scheduler, 2, 2, client="A")
+    second, cancelled = submit(scheduler, 2, 2, client="A")
+    only_b, _ = submit(scheduler, 2, 2, client="B")
+    assert scheduler.cancel(second) and scheduler.cancel(only_b)
+    assert scheduler.queued_by_client() == {"A": 1}
+    assert cancelled.reports == [StepReport([], 0, 0, 0, True, "cancelled")]
+    scheduler.run_until_idle()
+    stepped = {i for c in fake.calls for i in c.seq_ids.tolist()}
+    assert stepped == {first} and scheduler.queued_count == 0
+
+
+def outcomes_sent(fake: FakeStep, call: int) -> list[int]:
+    """prev_num_accepted of call `call`: the refit labels of the step before it."""
+    return fake.calls[call].prev_num_accepted.tolist()
+
+
+def test_hot_rows_do_not_feed_the_refit() -> None:
+    fake = FakeStep()
+    scheduler = Scheduler(fake, EOS, 8, 128, K, refit_max_temperature=2.0)
+    submit(scheduler, 2, 30, temperature=0.7)
+    submit(scheduler, 2, 30, temperature=2.5)
+    submit(scheduler, 2, 30, temperature=2.0)
+    scheduler.step()
+    scheduler.step()
+    assert outcomes_sent(fake, 1) == [K // 2, refit_excluded(torch.tensor(K // 2)), K // 2]
+
+
+def test_client_share_caps_labels_per_step_and_rotates() -> None:
+    """One client owns 60 of 64 rows; share 0.25: it labels 16 per step, in turn."""
+    fake = FakeStep()
+    scheduler = Scheduler(fake, EOS, 64, 128, K, refit_client_share=0.25)
+    a_ids = [submit(scheduler, 2, 60, client="A")[0] for _ in range(60)]
+    others = [submit(scheduler, 2, 60, client=f"c{i}")[0] for i in range(4)]
+    for _ in range(6):
+        scheduler.step()
+    labelled: list[set[int]] = []
+    for step in range(5):
+        rows = dict(
+            zip(fake.calls[step].seq_ids.tolist(), outcomes_sent(fake, step + 1), strict=True)
+        )
+        assert all(rows[i] == K // 2 for i in others)
+        assert all(rows[i] in (K // 2, -1 - K // 2) for i in a_ids)
+        labelled.append({i for i in a_ids if rows[i] >= 0})
+    assert [len(s) for s in labelled] == [16] * 5
+    assert set.union(*labelled[:4]) == set(a_ids)  # each sequence labelled within 4 steps
+    assert not labelled[0] & labelled[1] and not labelled[1] & labelled[2]
+
+
+def test_share_cap_counts_only_rows_that_would_be_labelled() -> None:
+    fake = FakeStep()
+    scheduler = Scheduler(fake, EOS, 8, 128, K, refit_client_share=0.25)
+    for _ in range(6):
+        submit(scheduler, 2, 30, num_draft_tokens=0)  # nothing verified: nothing to label
+    submit(scheduler, 2, 30)
+    submit(scheduler, 2, 30)
+    scheduler.step()
+    scheduler.step()
+    assert outcomes_sent(fake, 1) == [0] * 6 + [K // 2, K // 2]  # cap 2 of 8 rows
+
+
+def test_run_until_idle_returns_while_releases_cannot_be_sent() -> None:
+    fake = FakeStep()
+    down = FailOn(fake, set(range(2, 100)))
+    scheduler = Scheduler(down, EOS, 8, 128, K)
+    done_id, done = submit(scheduler, 3, 1)
+    scheduler.run_until_idle()  # the release-only call fails: it returns, release pending
+    assert done.tokens and fake.released == []
+    down.fail = set()
+    scheduler.run_until_idle()
+    assert fake.released == [done_id]
+
+
+def test_background_thread_resends_releases(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(avspec.scheduler, "_RETRY_S", 0.01)
+    fake = FakeStep()
+    scheduler = Scheduler(FailOn(fake, {2, 3}), EOS, 8, 128, K)
+    done_id, _ = submit(scheduler, 3, 1)
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not fake.released and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        scheduler.stop(timeout_s=10)
+    assert fake.released == [done_id] and scheduler.counters.steps >= 4
+
+
+def test_in_process_step_takes_the_refit_guard() -> None:
+    """Through SpeculativeStep (check_values on): -1 rows are accepted and never labelled."""
+    target = tiny_model(20, layers=1, width=16)
+    draft = perturbed(target, 0.3, seed=5)
+    k = 4
+    prompts = [[72, 101, 108], [1] * 5, [200, 3, 17], [42]]
+    labels, outputs = [], []
+    for share in (1.0, 0.25):
+        step = SpeculativeStep.from_models(target, draft, k, 8, 96)
+        scheduler = Scheduler(step, EOS, 8, 96, k, refit_client_share=share)
+        requests = [GenerationRequest(p, 10, temperature=0.0, num_draft_tokens=k) for p in prompts]
+        with torch.no_grad():
+            outputs.append(generate(scheduler, requests))
+        labels.append(float(step.verifier.estimator.stats.n.sum()))
+        assert step.verifier.num_dropped_records == 0
+    assert outputs[0] == outputs[1]  # greedy: the refit never changes the text
+    assert 0 < labels[1] < labels[0]

@@ -132,6 +132,23 @@ def test_observe_accumulates_labels():
     assert verifier.estimator.stats.n.tolist() == [1.0, 1.0, 0.0]
 
 
+@pytest.mark.parametrize("check_values", [True, False])
+def test_rows_marked_minus_one_are_not_labelled(check_values):
+    """prev_num_accepted -1: the row feeds nothing; stats equal a batch without that row."""
+    free = CostTable([0], [1.0])  # every draft verified, whatever the batch
+    features = [[1.0, 0.5, 0.0], [2.0, -1.0, 0.3], [-0.5, 0.2, 1.5]]
+    with_row, without = _verifier(verify_cost=free), _verifier(verify_cost=free)
+    with_row.check_values = without.check_values = check_values
+    with_row.step(**_args([1, 2, 3], features))
+    without.step(**_args([1, 3], [features[0], features[2]]))
+    with_row.step(**_args([1, 2, 3], [[0.0] * 3] * 3, prev=[1, -1, 3]))
+    without.step(**_args([1, 3], [[0.0] * 3] * 2, prev=[1, 3]))
+    assert with_row.num_observed == without.num_observed == 1
+    for key, value in without.estimator.stats.state_dict().items():
+        torch.testing.assert_close(with_row.estimator.stats.state_dict()[key], value)
+    torch.testing.assert_close(with_row.estimator._bins, without.estimator._bins)
+
+
 def test_length_mismatch_drops_the_record():
     verifier = _verifier()
     verifier.step(**_args([1, 2], [[1.0] * 3] * 2))
@@ -188,7 +205,7 @@ BAD_CASES = [
     ({"features": torch.tensor([[float("nan"), 0, 0], [0, 0, 0]])}, "features at draft"),
     ({"features": torch.tensor([[float("-inf"), 0, 0], [0, 0, 0]])}, "-inf"),
     ({"prev_num_accepted": torch.tensor([4, 0])}, "prev_num_accepted must lie"),
-    ({"prev_num_accepted": torch.tensor([-1, 0])}, "prev_num_accepted must lie"),
+    ({"prev_num_accepted": torch.tensor([-100, 0])}, "prev_num_accepted must lie"),
     ({"prev_num_accepted": torch.tensor([[1, 0]])}, "prev_num_accepted must have shape"),
     ({"release_seq_ids": torch.tensor([0.5])}, "release_seq_ids must be an integer"),
     ({"base_tokens": -1}, "base_tokens"),

@@ -19,7 +19,7 @@ import torch
 
 from avspec.config import EstimatorConfig
 from avspec.cost_table import CostTable
-from avspec.estimator import AcceptanceEstimator
+from avspec.estimator import AcceptanceEstimator, accepted_counts
 from avspec.serving.repository import (
     StageParams,
     VerifierParams,
@@ -66,18 +66,32 @@ def load_estimator(
 ) -> AcceptanceEstimator:
     """Warm start: restore the snapshot if there is one, else the starting values.
 
-    A missing file starts fresh silently; an unreadable or mismatched one is logged and ignored.
+    A missing file starts fresh silently. An unreadable, mismatched or out-of-bounds one is
+    logged (file and field), moved aside to `<name>.invalid-<time>` and the estimator starts
+    from the configured values: left in place, a bad file would be read again on every restart
+    until a save replaced it, and a state that cannot be saved (inf slope) never would be.
     """
-    from avspec.snapshot import SnapshotError, load_snapshot
+    from avspec.snapshot import SnapshotError, load_snapshot, move_aside
 
-    if snapshot is not None and snapshot.is_file():
+    if snapshot is None or not snapshot.is_file():
+        return AcceptanceEstimator(config, device)
+    try:
+        estimator = load_snapshot(snapshot, config, device)
+    except SnapshotError as err:
         try:
-            estimator = load_snapshot(snapshot, config, device)
-            logger.info("estimator restored from %s", snapshot)
-            return estimator
-        except SnapshotError as err:
-            logger.warning("ignoring estimator snapshot: %s", err)
-    return AcceptanceEstimator(config, device)
+            where = f"moved to {move_aside(snapshot)}"
+        except OSError as move_err:  # e.g. a second instance moved it first
+            where = f"could not move it aside: {move_err}"
+        logger.warning(
+            "ignoring estimator snapshot%s: %s; %s; starting from the configured "
+            "values, the next refit writes a fresh snapshot",
+            f" (field {err.field})" if err.field else "",
+            err,
+            where,
+        )
+        return AcceptanceEstimator(config, device)
+    logger.info("estimator restored from %s", snapshot)
+    return estimator
 
 
 class StageAdapter:
@@ -181,7 +195,7 @@ class VerifierAdapter:
             batch_size=int(arrays["seq_ids"].shape[0]),
             drafted=drafted,
             verified=int(decision.verified),
-            accepted=int(prev_num_accepted.sum()),
+            accepted=int(accepted_counts(prev_num_accepted)[0].sum()),
             trimmed=int(decision.trimmed),
             budget_fraction=float(decision.budget) / drafted if drafted else None,
             refitted=refitted,

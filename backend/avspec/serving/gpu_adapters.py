@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from avspec.estimator import accepted_counts
 from avspec.serving.adapters import VerifierAdapter, VerifierStepStats
 from avspec.serving.repository import STEP_INPUT_DTYPES
 from avspec.speculative_step import StepInputs
@@ -118,7 +119,12 @@ def run_verifier(
     if refitted:
         adapter.save_snapshot()
     drafted, verified, budget, accepted = torch.stack(
-        [decision.drafted, decision.verified, decision.budget, prev_num_accepted.long().sum()]
+        [
+            decision.drafted,
+            decision.verified,
+            decision.budget,
+            accepted_counts(prev_num_accepted)[0].long().sum(),
+        ]
     ).tolist()
     stats = VerifierStepStats(
         batch_size=int(tensors["seq_ids"].shape[0]),

@@ -6,8 +6,12 @@ with `libtriton_python.so`, `triton_python_backend_utils.py` and the stub matchi
 interpreter; LD_LIBRARY_PATH with this interpreter's libpython and the wheel's bundled libraries;
 PYTHONPATH so the stub processes import this environment's packages and `avspec`.
 
-Models are loaded in explicit control mode (`--load-model=*`), so clients may unload and reload
-single models through the repository API (the serving tests do this to prove warm start).
+Safe by default (avspec.serving.exposure): tritonserver listens on 127.0.0.1 behind the front
+(avspec.serving.front), which alone holds the public HTTP and gRPC ports and routes inference on
+`speculative`, health and metadata; model control and the other admin APIs need the operator's
+admin key. A supervisor (avspec.serving.supervisor) reloads a model whose stub died. Models are
+loaded in explicit control mode (`--load-model=*`), so an operator with the key may unload and
+reload single models (the serving tests do this to prove warm start).
 
 Command line: `python -m avspec.serving.launcher --model-repository model_repository`.
 """
@@ -18,8 +22,10 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -31,6 +37,10 @@ from pathlib import Path
 from types import TracebackType
 
 import avspec
+from avspec.serving.cleanup import clean_leftovers, shm_prefix
+from avspec.serving.exposure import ADMIN_KEY_ENV, ADMIN_KEY_HEADER, Keys, read_admin_key
+from avspec.serving.front import Front, FrontConfig, generate_schema_from_config
+from avspec.serving.supervisor import StageSupervisor
 
 BACKEND_SOURCE_DIR = Path(avspec.__file__).resolve().parent.parent  # the `backend/` directory
 
@@ -103,12 +113,33 @@ def repository_models(repository: Path) -> list[str]:
     return sorted(p.parent.name for p in repository.glob("*/config.pbtxt"))
 
 
+def python_models(repository: Path) -> list[str]:
+    """The models of `repository` run by the Python backend (one stub process per instance)."""
+    return sorted(
+        p.parent.name
+        for p in repository.glob("*/config.pbtxt")
+        if re.search(r'^\s*backend:\s*"python"', p.read_text(), re.MULTILINE)
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free on `host` a moment ago."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 class ServerProcess:
     """A running tritonserver on a model repository; use as a context manager.
 
-    `start()` returns once every model of the repository is ready, or raises ServerError
-    (server exited, or not ready within `ready_timeout_s`). `stop()` sends SIGTERM, then
-    SIGKILL to the whole process group after `exit_timeout_s` + 10 s.
+    `start()` returns once every model of the repository is ready and the front listens, or
+    raises ServerError (server exited, or not ready within `ready_timeout_s`). `stop()` sends
+    SIGTERM, then SIGKILL to the whole process group after `exit_timeout_s` + 10 s.
+
+    http_port and grpc_port are the front's public ports on `host`; tritonserver's own HTTP and
+    gRPC ports are free loopback ports (`internal_http_url`). `admin_key`: the operator's key
+    for the admin APIs (None: closed to clients). `public_model`: the one model clients may
+    run; its config.pbtxt gives the front the generate body's schema.
     """
 
     def __init__(
@@ -122,6 +153,12 @@ class ServerProcess:
         ready_timeout_s: float = 300.0,
         log_path: str | Path | None = None,
         cpu_threads: int | None = 1,
+        *,
+        host: str = "127.0.0.1",
+        admin_key: str | None = None,
+        max_body_bytes: int = 1 << 20,
+        public_model: str = "speculative",
+        supervise: bool = True,
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         if not self.model_repository.is_dir():
@@ -135,7 +172,15 @@ class ServerProcess:
         self.ready_timeout_s = ready_timeout_s
         self.log_path = Path(log_path) if log_path is not None else None
         self.cpu_threads = cpu_threads
+        self.host = host
+        self.keys = Keys(operator_admin_key=admin_key)
+        self.max_body_bytes = max_body_bytes
+        self.public_model = public_model
+        self.supervise = supervise
+        self.internal_http_port = self.internal_grpc_port = 0
         self.process: subprocess.Popen | None = None
+        self.front: Front | None = None
+        self.supervisor: StageSupervisor | None = None
         self._workdir: tempfile.TemporaryDirectory | None = None
 
     @property
@@ -150,6 +195,11 @@ class ServerProcess:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
+    @property
+    def internal_http_url(self) -> str:
+        """tritonserver's own HTTP endpoint (loopback; inference and admin need keys)."""
+        return f"http://127.0.0.1:{self.internal_http_port}"
+
     def command(self, backend_directory: Path) -> list[str]:
         """Return the tritonserver command line."""
         return [
@@ -159,10 +209,16 @@ class ServerProcess:
             "--model-control-mode=explicit",
             "--load-model=*",
             "--disable-auto-complete-config",  # config.pbtxt is complete; saves a stub per model
-            f"--http-port={self.http_port}",
-            f"--grpc-port={self.grpc_port}",
+            "--http-address=127.0.0.1",
+            f"--http-port={self.internal_http_port}",
+            "--grpc-address=127.0.0.1",
+            f"--grpc-port={self.internal_grpc_port}",
+            *self.keys.triton_flags(),
             "--allow-metrics=true",
+            f"--metrics-address={self.host}",
             f"--metrics-port={self.metrics_port}",
+            # regions named after this launcher, so the next start can tell its leftovers
+            f"--backend-config=python,shm-region-prefix-name={shm_prefix(os.getpid())}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--log-verbose={self.log_verbose}",
         ]
@@ -171,6 +227,8 @@ class ServerProcess:
         """Start the server and wait until every model is ready."""
         if self.process is not None:
             raise ServerError("server already started")
+        clean_leftovers()
+        self.internal_http_port, self.internal_grpc_port = free_port(), free_port()
         self._workdir = tempfile.TemporaryDirectory(prefix="avspec-triton-")
         backends = prepare_backend_directory(Path(self._workdir.name) / "backends")
         out = open(self.log_path, "ab") if self.log_path is not None else None  # noqa: SIM115
@@ -185,10 +243,56 @@ class ServerProcess:
             out.close()
         try:
             self.wait_ready()
+            self._start_supervisor()
+            self._start_front()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _start_supervisor(self) -> None:
+        if not self.supervise:
+            return
+        self.supervisor = StageSupervisor(
+            self.process.pid,
+            self.model_repository,
+            python_models(self.model_repository),
+            reload=self.reload_model,
+            is_loaded=lambda model: self._http_ok(f"/v2/models/{model}/ready"),
+            on_dead=self._on_dead_stage,
+        ).start()
+
+    def _start_front(self) -> None:
+        config_file = self.model_repository / self.public_model / "config.pbtxt"
+        if not config_file.is_file():
+            raise ServerError(f"public model {self.public_model!r} has no {config_file}")
+        self.front = Front(
+            FrontConfig(
+                host=self.host,
+                http_port=self.http_port,
+                grpc_port=self.grpc_port,
+                upstream_http=f"127.0.0.1:{self.internal_http_port}",
+                upstream_grpc=f"127.0.0.1:{self.internal_grpc_port}",
+                front_key=self.keys.front_key,
+                admin_key=self.keys.operator_admin_key,
+                public_models=(self.public_model,),
+                generate_schema=generate_schema_from_config(config_file.read_text()),
+                max_body_bytes=self.max_body_bytes,
+                ready=self.supervisor.ready if self.supervisor is not None else None,
+            )
+        ).start()
+        self.http_port, self.grpc_port = self.front.http_port, self.front.grpc_port
+
+    def _on_dead_stage(self, model: str) -> None:
+        # A decoupled request whose stub died is never answered (Triton 2.51): end those
+        # streams at the front with an error instead of leaving the clients waiting.
+        if model == self.public_model and self.front is not None:
+            self.front.abort_inference(f"the {model} stage restarted; the request was lost, retry")
+
+    def reload_model(self, model: str) -> None:
+        """Unload then load `model` (a plain load of an unchanged model does nothing in 2.51)."""
+        self.repository_action(model, "unload")
+        self.repository_action(model, "load")
 
     def wait_ready(self) -> None:
         """Poll until the server and every model answer ready; raise ServerError otherwise."""
@@ -213,15 +317,20 @@ class ServerProcess:
 
     def _http_ok(self, path: str) -> bool:
         try:
-            with urllib.request.urlopen(self.http_url + path, timeout=2) as response:
+            with urllib.request.urlopen(self.internal_http_url + path, timeout=2) as response:
                 return response.status == 200
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return False
 
     def repository_action(self, model: str, action: str) -> None:
         """POST `load` or `unload` for `model` to the repository API; ServerError on failure."""
-        url = f"{self.http_url}/v2/repository/models/{model}/{action}"
-        request = urllib.request.Request(url, data=json.dumps({}).encode(), method="POST")
+        url = f"{self.internal_http_url}/v2/repository/models/{model}/{action}"
+        request = urllib.request.Request(
+            url,
+            data=json.dumps({}).encode(),
+            headers={ADMIN_KEY_HEADER: self.keys.admin_key},
+            method="POST",
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.ready_timeout_s) as response:
                 response.read()
@@ -229,23 +338,58 @@ class ServerProcess:
             raise ServerError(f"{action} {model}: {err.code} {err.read().decode()}") from None
 
     def stop(self) -> int | None:
-        """Stop the server (SIGTERM, then SIGKILL to its process group); return its exit code."""
-        process, self.process = self.process, None
+        """Stop the server (SIGTERM, then SIGKILL to its process group); return its exit code.
+
+        Always ends with SIGKILL to the whole process group (the stubs too), even when the
+        graceful wait is cut short. Called in the main thread, it holds SIGINT/SIGTERM for its
+        duration: the first is noted, the next kills the group at once (ending the wait). A
+        handler that raised here would abandon the stop half-way, leaving the server serving.
+        """
+        process: subprocess.Popen | None = None
         code = None
-        if process is not None:
-            code = process.poll()
-            if code is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    code = process.wait(timeout=self.exit_timeout_s + 10)
-                except subprocess.TimeoutExpired:
-                    code = None
-            self._kill_group(process.pid)
-            if code is None:
-                code = process.wait()
-        if self._workdir is not None:
-            self._workdir.cleanup()
-            self._workdir = None
+        noted: list[str] = []
+
+        def say(text: str) -> None:
+            # os.write, not print: a handler may run in the middle of a print to stderr
+            with contextlib.suppress(OSError):
+                os.write(2, f"avspec: {text}\n".encode())
+
+        def note(signum: int, frame: object) -> None:
+            noted.append(signal.Signals(signum).name)
+            if len(noted) == 1:
+                say(f"{noted[-1]} while stopping: noted; one more kills the server at once")
+            elif process is not None:
+                say(f"{noted[-1]} while stopping: killing the server's process group")
+                self._kill_group(process.pid)
+
+        previous = {}
+        with contextlib.suppress(ValueError):  # not the main thread: no handler runs here anyway
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                previous[signum] = signal.signal(signum, note)
+        try:
+            # taken first thing in the try: whatever fails below, `finally` kills its group (a
+            # signal raising before the try leaves self.process set, for the next stop())
+            process, self.process = self.process, None
+            for part in (self.front, self.supervisor):
+                if part is not None:
+                    part.stop()
+            self.front = self.supervisor = None
+            if process is not None:
+                code = process.poll()
+                if code is None:
+                    process.send_signal(signal.SIGTERM)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        code = process.wait(timeout=self.exit_timeout_s + 10)
+        finally:
+            if process is not None:
+                self._kill_group(process.pid)
+                if code is None:
+                    code = process.wait()
+            if self._workdir is not None:
+                self._workdir.cleanup()
+                self._workdir = None
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
         return code
 
     @staticmethod
@@ -284,23 +428,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="torch CPU threads per model instance (OMP_NUM_THREADS); 0 leaves it unset",
     )
+    parser.add_argument(
+        "--host",
+        default="0.0.0.0",
+        help="address of the public HTTP, gRPC and metrics ports (an IP; tritonserver itself "
+        "listens on 127.0.0.1 behind the front)",
+    )
+    parser.add_argument(
+        "--admin-key-file",
+        type=Path,
+        help=f"file whose first line opens the admin APIs to clients sending it in header "
+        f"'{ADMIN_KEY_HEADER}' (or set {ADMIN_KEY_ENV}); without either they stay closed",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=1 << 20,
+        help="largest HTTP request body / gRPC message accepted (413 / RESOURCE_EXHAUSTED past it)",
+    )
     return parser.parse_args(argv)
 
 
 class _StopRequested(Exception):
-    """Raised in the main thread by the SIGINT/SIGTERM handler."""
+    """Raised in the main thread by the first SIGINT/SIGTERM (`_request_stop`), never twice."""
 
 
 def _request_stop(signum: int, frame: object) -> None:
+    """`main`'s SIGINT/SIGTERM handler: disarm, then raise _StopRequested in the main thread.
+
+    Raising is what interrupts a start still waiting for the models. It must happen once: make
+    forwards SIGTERM twice, 50 ms apart, and a second raise would land in the stop the first
+    one started. So it first swaps itself for a handler that only reports; `ServerProcess.stop`
+    holds the signals itself while it runs, and `main` restores the original handlers.
+    """
+
+    def already_stopping(late: int, _: object) -> None:
+        with contextlib.suppress(OSError):  # os.write: a print may be under way in main
+            os.write(2, f"avspec: {signal.Signals(late).name} ignored, stopping\n".encode())
+
+    for handled in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(handled, already_stopping)
     raise _StopRequested(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the server until SIGINT/SIGTERM or until it dies; return the exit status."""
+    """Run the server until SIGINT/SIGTERM or until it dies; return the exit status.
+
+    The first SIGINT/SIGTERM stops the server gracefully (status 0); one more during the stop
+    is noted, the next kills the server's process group at once (`ServerProcess.stop`).
+    """
     args = parse_args(argv)
     previous = {s: signal.signal(s, _request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _serve(args)
+    except _StopRequested as why:
+        # raised inside one of _serve's except clauses: the server is already stopped there
+        print(f"avspec: stopped on {why}", flush=True)
+        return 0
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -318,11 +502,17 @@ def _serve(args: argparse.Namespace) -> int:
             exit_timeout_s=args.exit_timeout_secs,
             ready_timeout_s=args.ready_timeout_secs,
             cpu_threads=args.cpu_threads or None,
+            host=args.host,
+            admin_key=read_admin_key(args.admin_key_file),
+            max_body_bytes=args.max_body_bytes,
         )
         server.start()
+        admin = "open with the operator's key" if server.keys.operator_admin_key else "closed"
         print(
-            f"avspec: serving {len(server.models)} models, HTTP :{server.http_port} "
-            f"gRPC :{server.grpc_port} metrics :{server.metrics_port}",
+            f"avspec: serving {len(server.models)} models on {server.host}, "
+            f"HTTP :{server.http_port} gRPC :{server.grpc_port} metrics :{server.metrics_port} "
+            f"(public: inference on {server.public_model!r}, health, metrics; admin API "
+            f"{admin})",
             flush=True,
         )
         while (code := server.process.poll()) is None:
@@ -330,8 +520,10 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"avspec: tritonserver exited unexpectedly with code {code}", file=sys.stderr)
         server.stop()
         return code or 1
-    except ServerError as err:
+    except (ServerError, ValueError, OSError) as err:
         print(f"avspec: {err}", file=sys.stderr, flush=True)
+        if server is not None:
+            server.stop()
         return 1
     except _StopRequested as why:
         code = server.stop() if server is not None else None

@@ -88,11 +88,26 @@ class EntryParams:
     max_draft_tokens: int = 8  # K, the largest num_draft_tokens a request may ask for
     adaptive_verification: bool = True  # default when a request does not say
     step_model: str = "speculative_step"  # the ensemble called once per decode step
+    max_queued: int | None = 256  # waiting requests beyond free batch slots (None: unbounded)
+    max_queued_per_client: int | None = 64  # the same for one client
+    refit_max_temperature: float = 2.0  # outcomes of hotter requests do not feed the refit
+    refit_client_share: float = 0.25  # one client labels <= max(1, floor(s n)) of n rows a step
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_context", "max_draft_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_queued", "max_queued_per_client"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1 or none, got {getattr(self, name)}")
+        if not self.refit_max_temperature >= 0:
+            raise ValueError(
+                f"refit_max_temperature must be >= 0, got {self.refit_max_temperature}"
+            )
+        if not 0 < self.refit_client_share <= 1:
+            raise ValueError(
+                f"refit_client_share must lie in (0, 1], got {self.refit_client_share}"
+            )
 
 
 def model_parameters(model_config: str | Mapping[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 `parse_generation_inputs` turns one request's input tensors (numpy, ecosystem names:
 text_input, max_tokens, temperature, top_p, random_seed, stream, num_draft_tokens,
 adaptive_verification) into a `GenerationRequest`, raising `RequestError` that names the input.
+Integer inputs are range-checked as received, before any int32 cast, so a wide value is refused
+rather than wrapped. `parse_client` reads the client identity from the request parameters.
 `ResponseStream` turns the scheduler's per-step reports into what one client receives: a chunk
 per step when streaming (newly completed text and that step's counts), one final chunk with the
 whole text and the totals otherwise.
@@ -10,17 +12,21 @@ whole text and the totals otherwise.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from avspec.scheduler import GenerationRequest, StepReport
+from avspec.scheduler import MAX_TEMPERATURE, GenerationRequest, StepReport
 from avspec.serving.repository import EntryParams
 from avspec.tokenizer import ByteTokenizer, IncrementalDecoder
 
 _SEED_RANGE = 1 << 63  # seeds travel as int64
+_INT32_MAX = (1 << 31) - 1
+CLIENT_PARAMETER = "avspec-client"  # request parameter (a header forwarded by Triton)
+MAX_CLIENT_LENGTH = 256
 
 
 class RequestError(ValueError):
@@ -38,12 +44,52 @@ def _scalar(values: Mapping[str, np.ndarray | None], name: str) -> object | None
     return array.reshape(-1)[0]
 
 
+def _integer(values: Mapping[str, np.ndarray | None], name: str) -> int | None:
+    """Input `name` as an exact Python int (no cast to a narrower type), or None if absent."""
+    value = _scalar(values, name)
+    if value is None:
+        return None
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise RequestError(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def parse_client(parameters: str | None) -> str:
+    """The client identity in a request's parameters JSON (`request.parameters()`); "" if absent.
+
+    The front proxy sets `avspec-client` as a header Triton forwards as a request parameter
+    (`--http-header-forward-pattern` / `--grpc-header-forward-pattern`) or as a generate-body
+    key; header names are case-insensitive, so the key is matched without case.
+    """
+    if not parameters:
+        return ""
+    try:
+        decoded = json.loads(parameters)
+    except json.JSONDecodeError:
+        raise RequestError("request parameters are not valid JSON") from None
+    if not isinstance(decoded, dict):
+        raise RequestError("request parameters must be a JSON object")
+    for key, value in decoded.items():
+        if key.lower() == CLIENT_PARAMETER:
+            if not isinstance(value, str) or len(value) > MAX_CLIENT_LENGTH:
+                raise RequestError(
+                    f"{CLIENT_PARAMETER} must be a string of at most {MAX_CLIENT_LENGTH} "
+                    "characters"
+                )
+            return value
+    return ""
+
+
 def parse_generation_inputs(
     values: Mapping[str, np.ndarray | None],
     params: EntryParams,
     tokenizer: ByteTokenizer,
+    client: str = "",
 ) -> tuple[GenerationRequest, bool]:
-    """Return (request, stream) from one request's inputs; RequestError naming the problem."""
+    """Return (request, stream) from one request's inputs; RequestError naming the problem.
+
+    `client` is the identity from `parse_client`.
+    """
     text = _scalar(values, "text_input")
     if text is None:
         raise RequestError("text_input is required")
@@ -54,33 +100,36 @@ def parse_generation_inputs(
             raise RequestError("text_input is not valid UTF-8") from None
     if not isinstance(text, str) or not text:
         raise RequestError("text_input must be a non-empty string")
-    max_tokens = _scalar(values, "max_tokens")
+    max_tokens = _integer(values, "max_tokens")
     if max_tokens is None:
         raise RequestError("max_tokens is required")
-    if int(max_tokens) < 1:
-        raise RequestError(f"max_tokens must be >= 1, got {int(max_tokens)}")
+    if not 1 <= max_tokens <= _INT32_MAX:
+        raise RequestError(f"max_tokens must lie in 1..{_INT32_MAX}, got {max_tokens}")
     temperature = _float(values, "temperature", 1.0)
-    if not temperature >= 0:
-        raise RequestError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0 <= temperature <= MAX_TEMPERATURE:
+        raise RequestError(
+            f"temperature must lie in 0..{MAX_TEMPERATURE:g} (0 = greedy), got {temperature}"
+        )
     top_p = _float(values, "top_p", 1.0)
     if not 0 < top_p <= 1:
         raise RequestError(f"top_p must lie in (0, 1], got {top_p}")
     k = params.max_draft_tokens
-    num_draft = _scalar(values, "num_draft_tokens")
-    num_draft = k if num_draft is None else int(num_draft)
+    num_draft = _integer(values, "num_draft_tokens")
+    num_draft = k if num_draft is None else num_draft
     if not 0 <= num_draft <= k:
         raise RequestError(f"num_draft_tokens must lie in 0..{k}, got {num_draft}")
-    seed = _scalar(values, "random_seed")
+    seed = _integer(values, "random_seed")
     adaptive = _scalar(values, "adaptive_verification")
     stream = _scalar(values, "stream")
     request = GenerationRequest(
         prompt_ids=tokenizer.encode(text),
-        max_tokens=int(max_tokens),
+        max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,
-        random_seed=0 if seed is None else int(seed) % _SEED_RANGE,
+        random_seed=0 if seed is None else seed % _SEED_RANGE,
         num_draft_tokens=num_draft,
         adaptive=params.adaptive_verification if adaptive is None else bool(adaptive),
+        client=client,
     )
     return request, bool(stream) if stream is not None else False
 

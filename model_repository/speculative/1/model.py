@@ -2,7 +2,8 @@
 
 execute() only validates and submits each request to one avspec.scheduler.Scheduler; its
 background thread runs one BLS call of the `speculative_step` ensemble per decode step for the
-whole batch and sends each request's responses (avspec.serving.requests.ResponseStream).
+whole batch and sends each request's responses (avspec.serving.requests.ResponseStream). A full
+wait queue answers UNAVAILABLE (HTTP 503), so the client retries later.
 """
 
 import json
@@ -10,10 +11,15 @@ import json
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from avspec.scheduler import Scheduler
+from avspec.scheduler import Overloaded, Scheduler
 from avspec.serving import repository
 from avspec.serving.metrics import LIVE_SEQUENCES
-from avspec.serving.requests import RequestError, ResponseStream, parse_generation_inputs
+from avspec.serving.requests import (
+    RequestError,
+    ResponseStream,
+    parse_client,
+    parse_generation_inputs,
+)
 from avspec.tokenizer import ByteTokenizer
 
 
@@ -34,8 +40,11 @@ class TritonPythonModel:
         self.live.set(0)
         p = self.params
         self.scheduler = Scheduler(
-            self._step, self.tokenizer.eos_id, p.max_batch_size, p.max_context, p.max_draft_tokens
-        )
+            self._step, self.tokenizer.eos_id, p.max_batch_size, p.max_context, p.max_draft_tokens,
+            max_queued=p.max_queued, max_queued_per_client=p.max_queued_per_client,
+            refit_max_temperature=p.refit_max_temperature,
+            refit_client_share=p.refit_client_share,
+        )  # fmt: skip
         self.scheduler.start()
 
     def execute(self, requests):
@@ -46,12 +55,17 @@ class TritonPythonModel:
                 for name in self.input_names:
                     tensor = pb_utils.get_input_tensor_by_name(request, name)
                     values[name] = None if tensor is None else tensor.as_numpy()
-                generation, stream = parse_generation_inputs(values, self.params, self.tokenizer)
+                identity = parse_client(request.parameters())
+                generation, stream = parse_generation_inputs(
+                    values, self.params, self.tokenizer, client=identity
+                )
                 client = _Client(request, sender, ResponseStream(stream, self.tokenizer))
                 client.scheduler = self.scheduler
                 client.seq_id = self.scheduler.submit(generation, client.on_step, client.on_error)
             except (RequestError, ValueError) as err:
                 _send_error(sender, str(err), pb_utils.TritonError.INVALID_ARG)
+            except Overloaded as err:
+                _send_error(sender, str(err), _unavailable())
             except Exception as err:  # noqa: BLE001 - never leave a stream open
                 _send_error(sender, f"{type(err).__name__}: {err}", pb_utils.TritonError.INTERNAL)
         return None
@@ -120,6 +134,11 @@ def _chunk_response(chunk):
 def _send_error(sender, message, code):
     error = pb_utils.TritonError(message, code)
     sender.send(pb_utils.InferenceResponse(error=error), flags=_final())
+
+
+def _unavailable():
+    # UNAVAILABLE is in the 2.51 stub; INTERNAL keeps an older stub answering.
+    return getattr(pb_utils.TritonError, "UNAVAILABLE", pb_utils.TritonError.INTERNAL)
 
 
 def _final():

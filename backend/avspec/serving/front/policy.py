@@ -1,0 +1,75 @@
+"""What the front lets through, shared by both relays: admin authorisation, refusal texts,
+reserved names, the caller's identity and the extra readiness check.
+
+Identity (`avspec-client`, the key of per-client fairness): over HTTP the caller's IP alone,
+since every HTTP connection carries one request and its port changes with each; over gRPC the
+peer `ip:port`, since one channel (one connection) is one client program. Clients behind one
+NAT or proxy therefore share an identity over HTTP, and so share their fair part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from avspec.serving.exposure import ADMIN_KEY_HEADER
+from avspec.serving.front.config import FrontConfig
+
+# Any header, metadata key or request parameter containing this is the front's to set: Triton's
+# header-forward pattern is a regex search, so even `x-avspec-client` (or, over gRPC,
+# `triton-grpc-protocol-avspec-client`) would reach the model.
+RESERVED_MARK = "avspec"
+
+ADMIN_HINT = (
+    f"operators open the admin API by starting the front with an admin key and sending it in "
+    f"header/metadata '{ADMIN_KEY_HEADER}'"
+)
+
+
+def admin_authorized(config: FrontConfig, values: list[str]) -> bool:
+    """One admin-key value that equals the configured key (constant-time compare)."""
+    if config.admin_key is None or len(values) != 1:
+        return False
+    return hmac.compare_digest(values[0].encode("latin-1"), config.admin_key.encode("latin-1"))
+
+
+def refusal(config: FrontConfig, what: str, values: list[str]) -> str:
+    """Why `what` is refused to a caller who sent the admin-key `values`, and how to open it."""
+    if config.admin_key is None:
+        reason = "the admin API is closed at this front"
+    elif not values:
+        reason = f"no '{ADMIN_KEY_HEADER}' was sent"
+    else:
+        reason = f"the '{ADMIN_KEY_HEADER}' sent does not match"
+    return f"{what} is not public ({reason}); {ADMIN_HINT}"
+
+
+def reserved_parameter(names: Iterable[Any]) -> str | None:
+    """The first request-parameter name the front reserves (a spoofing attempt), if any."""
+    for name in names:
+        if isinstance(name, str) and RESERVED_MARK in name.lower():
+            return name
+    return None
+
+
+def http_identity(host: str) -> str:
+    """The identity of an HTTP caller: its IP (an IPv4-mapped IPv6 address as plain IPv4)."""
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return host
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped) if mapped is not None else host
+
+
+async def stage_ready(ready: Callable[[], bool] | None) -> bool:
+    """The extra readiness check, off the event loop (it may take a lock or do I/O)."""
+    if ready is None:
+        return True
+    try:
+        return bool(await asyncio.to_thread(ready))
+    except Exception:  # a failing check means "not ready", never a crashed front
+        return False

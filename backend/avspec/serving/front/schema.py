@@ -1,0 +1,194 @@
+"""The generate body schema: which JSON fields a /generate body may carry, and their types.
+
+Triton 2.51 answers 500, not 400, when a generate field has the wrong JSON type, and it may keep
+another duplicate key than Python does; the front checks every /generate and /generate_stream
+body against the public model's inputs (read from its config.pbtxt) before forwarding it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    "TYPE_INT8": (-(2**7), 2**7 - 1),
+    "TYPE_INT16": (-(2**15), 2**15 - 1),
+    "TYPE_INT32": (-(2**31), 2**31 - 1),
+    "TYPE_INT64": (-(2**63), 2**63 - 1),
+    "TYPE_UINT8": (0, 2**8 - 1),
+    "TYPE_UINT16": (0, 2**16 - 1),
+    "TYPE_UINT32": (0, 2**32 - 1),
+    "TYPE_UINT64": (0, 2**64 - 1),
+}
+_FLOAT_MAX: dict[str, float] = {
+    "TYPE_FP16": 65504.0,
+    "TYPE_BF16": 3.3895313892515355e38,
+    "TYPE_FP32": 3.4028234663852886e38,
+    "TYPE_FP64": 1.7976931348623157e308,
+}
+SUPPORTED_DTYPES = frozenset({"TYPE_STRING", "TYPE_BOOL", *_INT_RANGES, *_FLOAT_MAX})
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One model input as a /generate JSON field: its Triton dtype, and whether it must be sent."""
+
+    dtype: str
+    required: bool = True
+
+    def __post_init__(self) -> None:
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"unsupported dtype {self.dtype!r} for a generate field")
+
+
+GenerateSchema = Mapping[str, InputSpec]
+
+# The inputs of model_repository/speculative/config.pbtxt (a unit test keeps the two in step).
+DEFAULT_GENERATE_SCHEMA: GenerateSchema = MappingProxyType(
+    {
+        "text_input": InputSpec("TYPE_STRING"),
+        "max_tokens": InputSpec("TYPE_INT32"),
+        "temperature": InputSpec("TYPE_FP32", required=False),
+        "top_p": InputSpec("TYPE_FP32", required=False),
+        "random_seed": InputSpec("TYPE_UINT64", required=False),
+        "stream": InputSpec("TYPE_BOOL", required=False),
+        "num_draft_tokens": InputSpec("TYPE_INT32", required=False),
+        "adaptive_verification": InputSpec("TYPE_BOOL", required=False),
+    }
+)
+
+# Strings are matched (and kept) so that a '#' inside one is not taken for a comment.
+_PBTXT_COMMENT = re.compile(r'"(?:[^"\\]|\\.)*"|#[^\n]*')
+
+
+def _strip_pbtxt_comments(text: str) -> str:
+    return _PBTXT_COMMENT.sub(lambda m: m.group(0) if m.group(0).startswith('"') else "", text)
+
+
+def _closing(text: str, start: int, open_char: str, close_char: str) -> int:
+    """Index of the bracket closing the one at `start` (brackets inside strings are rare in
+    config.pbtxt input blocks, which hold names, types and dims only)."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == open_char:
+            depth += 1
+        elif text[i] == close_char:
+            depth -= 1
+            if depth == 0:
+                return i
+    raise ValueError(f"unbalanced {open_char!r} in config.pbtxt")
+
+
+def generate_schema_from_config(config_pbtxt_text: str) -> dict[str, InputSpec]:
+    """Read the `input [ ... ]` block of a Triton config.pbtxt into a generate schema.
+
+    Each `{ name: "..." data_type: TYPE_... [optional: true] ... }` entry becomes one field;
+    inputs are required unless marked `optional: true`.
+    """
+    text = _strip_pbtxt_comments(config_pbtxt_text)
+    match = re.search(r"(?<![\w.])input\s*:?\s*\[", text)
+    if match is None:
+        raise ValueError("config.pbtxt has no `input [ ... ]` block")
+    block_start = match.end() - 1
+    block = text[block_start + 1 : _closing(text, block_start, "[", "]")]
+    schema: dict[str, InputSpec] = {}
+    position = block.find("{")
+    while position != -1:
+        end = _closing(block, position, "{", "}")
+        entry = block[position + 1 : end]
+        name = re.search(r'\bname\s*:\s*"([^"]+)"', entry)
+        dtype = re.search(r"\bdata_type\s*:\s*(TYPE_\w+)", entry)
+        if name is None or dtype is None:
+            raise ValueError(f"config.pbtxt input entry without name or data_type: {entry!r}")
+        optional = re.search(r"\boptional\s*:\s*true\b", entry) is not None
+        schema[name.group(1)] = InputSpec(dtype.group(1), required=not optional)
+        position = block.find("{", end)
+    return schema
+
+
+class _NonFinite:
+    """A NaN/Infinity literal, kept by the JSON parser so the error can name its field."""
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+    def __repr__(self) -> str:
+        return self.literal
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Duplicate keys are refused: Triton's parser may keep another duplicate than Python's.
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate JSON key {key!r}")
+        result[key] = value
+    return result
+
+
+def parse_json(body: bytes) -> Any:
+    """Parse strictly: no duplicate keys; NaN/Infinity become `_NonFinite` (never valid)."""
+    return json.loads(body, object_pairs_hook=_unique_object, parse_constant=_NonFinite)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, _NonFinite):
+        return value.literal
+    kind = {bool: "boolean", str: "string", int: "number", float: "number", list: "array"}
+    text = json.dumps(value) if not isinstance(value, dict) else "{...}"
+    text = text if len(text) <= 40 else text[:37] + "..."
+    return f"{kind.get(type(value), 'object')} {text}"
+
+
+def _expected(dtype: str) -> str:
+    if dtype == "TYPE_STRING":
+        return "a string"
+    if dtype == "TYPE_BOOL":
+        return "a boolean (true or false)"
+    if dtype in _INT_RANGES:
+        low, high = _INT_RANGES[dtype]
+        return f"an integer in [{low}, {high}]"
+    return f"a finite number with magnitude at most {_FLOAT_MAX[dtype]:.7g}"
+
+
+def _type_ok(dtype: str, value: Any) -> bool:
+    if dtype == "TYPE_STRING":
+        return isinstance(value, str)
+    if dtype == "TYPE_BOOL":
+        return isinstance(value, bool)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False  # bool is an int in Python, never a number in JSON
+    if dtype in _INT_RANGES:
+        low, high = _INT_RANGES[dtype]
+        return isinstance(value, int) and low <= value <= high
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return abs(value) <= _FLOAT_MAX[dtype]  # exact for ints of any size, no float overflow
+
+
+def check_generate_body(body: bytes, schema: GenerateSchema) -> dict[str, Any]:
+    """Return the parsed /generate body, or raise ValueError saying which field is wrong."""
+    try:
+        request = parse_json(body)
+    except (ValueError, RecursionError) as err:
+        raise ValueError(f"request body is not valid JSON: {err}") from None
+    if not isinstance(request, dict):
+        raise ValueError("request body must be a JSON object of input name -> value")
+    unknown = sorted(set(request) - set(schema))
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r}; accepted fields: {', '.join(schema)}")
+    missing = [name for name, spec in schema.items() if spec.required and name not in request]
+    if missing:
+        raise ValueError(f"missing required field {missing[0]!r} ({schema[missing[0]].dtype})")
+    for name, value in request.items():
+        dtype = schema[name].dtype
+        if not _type_ok(dtype, value):
+            raise ValueError(
+                f"field {name!r} must be {_expected(dtype)} ({dtype}), got {_describe(value)}"
+            )
+    return request

@@ -1,0 +1,157 @@
+"""StageSupervisor against stand-in stubs: child processes of this test named like Triton's stub.
+
+A Python script called `triton_python_backend_stub`, started with a stub's arguments (model.py
+path, shared-memory region), is what the supervisor looks for: a child of the server pid (here,
+this process) whose command line names a model of the repository. No tritonserver needed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from avspec.serving.supervisor import StageSupervisor, find_stubs
+
+MODELS = ("draft", "speculative", "verifier")
+
+
+class FakeServer:
+    """Starts stand-in stubs as children of this process; `reload` replaces one."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.binary = tmp / "bin" / "triton_python_backend_stub"
+        self.binary.parent.mkdir()
+        self.binary.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
+        self.binary.chmod(0o755)
+        self.repository = tmp / "repo"
+        self.shm = tmp / "shm"
+        self.shm.mkdir()
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.reloads: list[str] = []
+        self.fail_reloads = 0
+        self.loaded = set(MODELS)  # what Triton would call loaded
+
+    def spawn(self, model: str) -> None:
+        region = f"avspec1_{model}_{len(list(self.shm.iterdir()))}"
+        (self.shm / region).write_bytes(b"\0" * 16)
+        model_py = self.repository / model / "1" / "model.py"
+        model_py.parent.mkdir(parents=True, exist_ok=True)
+        self.processes[model] = subprocess.Popen([str(self.binary), str(model_py), region, "1"])
+
+    def reload(self, model: str) -> None:
+        self.reloads.append(model)
+        if self.fail_reloads:
+            self.fail_reloads -= 1
+            raise RuntimeError("load failed")
+        self.spawn(model)
+
+    def kill(self, model: str) -> str:
+        """SIGKILL a model's stub (reaped, as tritonserver would); return its region name."""
+        process = self.processes[model]
+        region = process.args[2]
+        process.kill()
+        process.wait()
+        return region
+
+    def close(self) -> None:
+        for process in self.processes.values():
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def fake(tmp_path: Path):
+    server = FakeServer(tmp_path)
+    for model in MODELS:
+        server.spawn(model)
+    time.sleep(0.2)  # let the interpreter replace the fork's command line
+    yield server
+    server.close()
+
+
+def supervisor(fake: FakeServer, dead: list[str]) -> StageSupervisor:
+    return StageSupervisor(
+        server_pid=os.getpid(),
+        repository=fake.repository,
+        models=MODELS,
+        reload=fake.reload,
+        is_loaded=lambda model: model in fake.loaded,
+        on_dead=dead.append,
+        shm_dir=fake.shm,
+    )
+
+
+def test_find_stubs_maps_each_model_to_its_stub(fake: FakeServer) -> None:
+    stubs = find_stubs(os.getpid(), fake.repository)
+    assert sorted(stubs) == sorted(MODELS)
+    assert stubs["draft"].pid == fake.processes["draft"].pid
+    assert stubs["draft"].shm_region == fake.processes["draft"].args[2]
+    assert find_stubs(os.getpid(), fake.repository / "elsewhere") == {}
+
+
+def test_start_refuses_a_model_without_stub(fake: FakeServer) -> None:
+    fake.kill("verifier")
+    with pytest.raises(RuntimeError, match="verifier"):
+        supervisor(fake, []).start()
+
+
+def test_dead_stub_is_reported_reloaded_and_its_region_removed(fake: FakeServer) -> None:
+    dead: list[str] = []
+    sup = supervisor(fake, dead)
+    sup._stubs = find_stubs(os.getpid(), fake.repository)
+    assert sup.check() == [] and sup.ready()
+    region = fake.kill("verifier")
+    assert sup.check() == ["verifier"]
+    assert dead == ["verifier"] and fake.reloads == ["verifier"]
+    assert sup.ready() and sup.restarts["verifier"] == 1
+    assert not (fake.shm / region).exists()
+    assert sup.check() == []  # the new stub is watched, nothing more to do
+
+
+def test_failed_reload_keeps_readiness_false_until_a_retry_succeeds(fake: FakeServer) -> None:
+    sup = supervisor(fake, [])
+    sup._stubs = find_stubs(os.getpid(), fake.repository)
+    fake.fail_reloads = 1
+    fake.kill("draft")
+    sup.check()
+    assert not sup.ready() and sup.restarts["draft"] == 0
+    sup.check()
+    assert sup.ready() and sup.restarts["draft"] == 1
+    assert fake.reloads == ["draft", "draft"]
+
+
+def test_background_thread_recovers_without_help(fake: FakeServer) -> None:
+    sup = supervisor(fake, [])
+    sup.interval_s = 0.05
+    sup.start()
+    try:
+        fake.kill("speculative")
+        deadline = time.monotonic() + 5
+        while sup.restarts["speculative"] == 0:
+            assert time.monotonic() < deadline, "supervisor did not reload in time"
+            time.sleep(0.02)
+        assert sup.ready()
+    finally:
+        sup.stop()
+
+
+def test_an_operator_unload_is_not_a_death_and_the_next_stub_is_adopted(fake: FakeServer) -> None:
+    dead: list[str] = []
+    sup = supervisor(fake, dead)
+    sup._stubs = find_stubs(os.getpid(), fake.repository)
+    fake.loaded.discard("verifier")  # unloaded through the repository API
+    region = fake.kill("verifier")
+    assert sup.check() == [] and sup.ready() and dead == [] and fake.reloads == []
+    fake.spawn("verifier")  # loaded again by the operator
+    fake.loaded.add("verifier")
+    time.sleep(0.2)
+    assert sup.check() == []
+    assert sup._stubs["verifier"].pid == fake.processes["verifier"].pid
+    assert not (fake.shm / region).exists()
+    fake.kill("verifier")  # and a death after that is noticed
+    assert sup.check() == ["verifier"] and dead == ["verifier"]

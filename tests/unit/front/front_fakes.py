@@ -1,0 +1,244 @@
+"""Fake upstreams (a Triton HTTP and gRPC stand-in) and client helpers for the front's tests."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+
+import grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from avspec.serving.front import FrontConfig
+
+FRONT_KEY = "front-secret-123"
+ADMIN_KEY = "operator-key-456"
+MAX_BODY = 64 << 10
+GOOD_BODY = {"text_input": "hello", "max_tokens": 8}
+STALL_LIMIT_S = 10.0  # a stalled fake answer gives up after this long
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> list[str]:
+        return [v for k, v in self.headers if k.lower() == name]
+
+
+@dataclass
+class FakeHttp:
+    """Records every request; answers SSE slowly, and notices when its client goes away.
+
+    The body's `text_input` picks the behaviour: "endless" streams 400 events, "stall" sends no
+    answer until its client goes away (or STALL_LIMIT_S), anything else streams 3 events.
+    """
+
+    requests: list[Recorded] = field(default_factory=list)
+    ready: bool = True
+    stream_gap_s: float = 0.3
+    disconnected: threading.Event = field(default_factory=threading.Event)
+    port: int = 0
+
+    def clear(self) -> None:
+        self.requests.clear()
+        self.ready = True
+        self.stream_gap_s = 0.3
+        self.disconnected.clear()
+
+
+def make_handler(fake: FakeHttp) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _record(self) -> bytes:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            fake.requests.append(Recorded(self.command, self.path, self.headers.items(), body))
+            return body
+
+        def _reply(self, status: int, payload: dict) -> None:
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's spelling
+            self._record()
+            if self.path == "/v2/health/ready" and not fake.ready:
+                self._reply(400, {"error": "not ready"})
+            else:
+                self._reply(200, {"path": self.path})
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = self._record()
+            try:
+                mode = json.loads(body).get("text_input")
+            except (ValueError, AttributeError):
+                mode = None
+            if mode == "stall":
+                self._stall()
+            elif self.path.endswith("/generate_stream"):
+                self._stream(mode)
+            else:
+                self._reply(200, {"path": self.path, "echo": body.decode()})
+
+        def _stall(self) -> None:
+            """No answer; note when the client closes the connection."""
+            deadline = time.monotonic() + STALL_LIMIT_S
+            while time.monotonic() < deadline:
+                readable, _, _ = select.select([self.connection], [], [], 0.05)
+                if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                    fake.disconnected.set()
+                    return
+            self.close_connection = True
+
+        def _stream(self, mode: str | None) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            count, gap = (3, fake.stream_gap_s) if mode != "endless" else (400, 0.025)
+            try:
+                for i in range(count):
+                    event = f'data: {{"text_output": "t{i}"}}\n\n'.encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    self.wfile.flush()
+                    time.sleep(gap)
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                fake.disconnected.set()
+
+    return Handler
+
+
+class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Echoes the metadata it receives into response parameters; records the calls.
+
+    Request id "endless" (ModelStreamInfer) streams until cancelled; "stall" (ModelInfer) never
+    answers; both set `cancelled` once their caller goes away.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, str]]] = []
+        self.cancelled = threading.Event()
+        self.port = 0
+
+    def _note(self, name: str, context: grpc.ServicerContext) -> dict[str, str]:
+        metadata = {key: value for key, value in context.invocation_metadata()}
+        self.calls.append((name, metadata))
+        return metadata
+
+    @staticmethod
+    def _response(request: service_pb2.ModelInferRequest, metadata: dict[str, str]):
+        response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+        for key, value in metadata.items():
+            response.parameters[key].string_param = value
+        return response
+
+    def _wait_cancelled(self, context: grpc.ServicerContext) -> None:
+        deadline = time.monotonic() + STALL_LIMIT_S
+        while context.is_active() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not context.is_active():
+            self.cancelled.set()
+
+    def ServerLive(self, request, context):  # noqa: N802 - the service's spelling
+        self._note("ServerLive", context)
+        return service_pb2.ServerLiveResponse(live=True)
+
+    def ServerReady(self, request, context):  # noqa: N802
+        self._note("ServerReady", context)
+        return service_pb2.ServerReadyResponse(ready=True)
+
+    def RepositoryIndex(self, request, context):  # noqa: N802
+        self._note("RepositoryIndex", context)
+        return service_pb2.RepositoryIndexResponse()
+
+    def ModelInfer(self, request, context):  # noqa: N802
+        metadata = self._note("ModelInfer", context)
+        if request.id == "stall":
+            self._wait_cancelled(context)
+        return self._response(request, metadata)
+
+    def ModelStreamInfer(self, request_iterator, context):  # noqa: N802
+        metadata = self._note("ModelStreamInfer", context)
+        for request in request_iterator:
+            if request.id == "endless":
+                while context.is_active():
+                    yield service_pb2.ModelStreamInferResponse(
+                        infer_response=self._response(request, metadata)
+                    )
+                    time.sleep(0.02)
+                self.cancelled.set()
+                return
+            yield service_pb2.ModelStreamInferResponse(
+                infer_response=self._response(request, metadata)
+            )
+
+
+def front_config(fake_http: FakeHttp, fake_grpc: FakeTriton, **overrides) -> FrontConfig:
+    options = dict(
+        host="127.0.0.1",
+        http_port=0,
+        grpc_port=0,
+        upstream_http=f"127.0.0.1:{fake_http.port}",
+        upstream_grpc=f"127.0.0.1:{fake_grpc.port}",
+        front_key=FRONT_KEY,
+        max_body_bytes=MAX_BODY,
+    )
+    options.update(overrides)
+    return FrontConfig(**options)
+
+
+def request(port: int, method: str, path: str, body: object = None, headers: dict | None = None):
+    """(status, JSON or raw body, client port) of one HTTP request."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    connection.connect()
+    client_port = connection.sock.getsockname()[1]
+    connection.request(method, path, body=data, headers=headers or {})
+    response = connection.getresponse()
+    raw = response.read()
+    connection.close()
+    try:
+        payload = json.loads(raw) if raw else None
+    except ValueError:
+        payload = raw
+    return response.status, payload, client_port
+
+
+def raw_exchange(port: int, head: str, body: bytes = b"", read_until: bytes = b"") -> bytes:
+    """Send bytes on a raw socket; return what comes back up to `read_until` or the close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head.encode("latin-1") + body)
+        received = b""
+        while not (read_until and read_until in received):
+            data = sock.recv(65536)
+            if not data:
+                break
+            received += data
+        return received
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def infer_request(model: str = "speculative", request_id: str = "1", **kwargs):
+    return service_pb2.ModelInferRequest(model_name=model, id=request_id, **kwargs)
