@@ -32,9 +32,13 @@ clean:
 	rm -rf $(VENV) .pytest_cache
 
 # Serve model_repository/ with the Triton server bundled in nvidia-pytriton (docs/serving.md).
+# Admin APIs (model control, repository, config, stats, logging, trace) stay closed unless
+# ADMIN_KEY_FILE (or AVSPEC_ADMIN_KEY in the environment) gives the operator's key.
+ADMIN_KEY_FILE ?=
 serve: $(STAMP)
 	$(PY) -m avspec.serving.launcher --model-repository model_repository \
-		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT)
+		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
+		$(if $(ADMIN_KEY_FILE),--admin-key-file $(ADMIN_KEY_FILE))
 
 # Retrain the default draft/target pair + MODEL_CARD.md (reproducible from seed and steps; ~40 min).
 models: $(STAMP)

@@ -29,8 +29,8 @@ import torch
 
 from avspec.scheduler import GenerationRequest, Scheduler
 from avspec.serving.adapters import load_cost_tables
-from avspec.serving.launcher import ServerProcess
 from avspec.serving.metrics import metric_value, parse_metrics
+from avspec.serving.server_process import ServerProcess
 from avspec.speculative_step import SpeculativeStep
 from avspec.tokenizer import ByteTokenizer
 

@@ -311,8 +311,8 @@ def scrape_estimator(metrics_url: str) -> dict[str, float]:
 
 def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     """Start a server on a copy of --model-repository (snapshot in --out); return its URLs."""
-    from avspec.serving.launcher import ServerProcess
     from avspec.serving.repository import build_test_repository
+    from avspec.serving.server_process import ServerProcess
 
     work = args.out / "server"
     snapshot = work / "estimator_snapshot.json"

@@ -50,8 +50,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tqdm import tqdm
 
-from avspec.serving.launcher import ServerProcess
 from avspec.serving.metrics import parse_metrics
+from avspec.serving.server_process import ServerProcess
 from avspec.serving.supervisor import find_stubs
 
 MODEL = "speculative"

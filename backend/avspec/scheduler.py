@@ -162,6 +162,7 @@ class Scheduler:
         max_queued_per_client: int | None = None,
         refit_max_temperature: float = math.inf,
         refit_client_share: float = 1.0,
+        first_seq_id: int = 1,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -175,6 +176,8 @@ class Scheduler:
                 raise ValueError(f"{name} must be >= 1 or None, got {limit}")
         if not refit_max_temperature >= 0:
             raise ValueError(f"refit_max_temperature must be >= 0, got {refit_max_temperature}")
+        if not 1 <= first_seq_id < 1 << 62:
+            raise ValueError(f"first_seq_id must lie in 1..2^62-1, got {first_seq_id}")
         if not 0 < refit_client_share <= 1:
             raise ValueError(f"refit_client_share must lie in (0, 1], got {refit_client_share}")
         self.step_fn = step_fn
@@ -197,7 +200,7 @@ class Scheduler:
         self._prev_accepted = torch.zeros(0, dtype=torch.int32)
         self._label_cursor: dict[str, int] = {}  # client -> seq id of its last labelled row
         self._stalled = False  # the last step was release-only and its call failed
-        self._next_id = 1
+        self._next_id = first_seq_id
         self._thread: threading.Thread | None = None
         self._stopping = False
 

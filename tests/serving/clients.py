@@ -105,8 +105,11 @@ def tritonclient_http_generate(url: str, **values: object) -> Generation:
 class GrpcStream:
     """A tritonclient.grpc bidirectional stream to the `speculative` model."""
 
-    def __init__(self, url: str) -> None:
-        self.client = grpcclient.InferenceServerClient(url)
+    def __init__(self, url: str, own_connection: bool = False) -> None:
+        # gRPC shares one TCP connection among channels to the same target unless told not to;
+        # own_connection makes this stream a client of its own (the front keys on the peer)
+        args = [("grpc.use_local_subchannel_pool", 1)] if own_connection else None
+        self.client = grpcclient.InferenceServerClient(url, channel_args=args)
         self.results: queue.Queue = queue.Queue()
         self.client.start_stream(callback=lambda result, error: self.results.put((result, error)))
 

@@ -8,6 +8,7 @@ snapshot to tmp and refits every 10 steps so the coefficients move within a few 
 from __future__ import annotations
 
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -15,9 +16,9 @@ import pytest
 import torch
 
 from avspec.model_dir import save_model_dir
-from avspec.serving.launcher import ServerProcess
-from avspec.serving.metrics import parse_metrics
+from avspec.serving.metrics import metric_value, parse_metrics
 from avspec.serving.repository import build_test_repository
+from avspec.serving.server_process import ServerProcess
 from avspec.tokenizer import ByteTokenizer
 from avspec.transformer import Transformer, TransformerConfig
 
@@ -115,3 +116,21 @@ def scrape(server: ServerProcess) -> dict:
     """Parsed samples of the server's metrics endpoint."""
     with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
         return parse_metrics(response.read().decode())
+
+
+def wait_for(condition, timeout_s: float = 30.0, interval_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval_s)
+    return condition()
+
+
+def all_freed(server: ServerProcess) -> bool:
+    samples = scrape(server)
+    return (
+        metric_value(samples, "av_live_sequences") == 0
+        and metric_value(samples, "av_kv_live_sequences", model="draft") == 0
+        and metric_value(samples, "av_kv_live_sequences", model="target") == 0
+    )

@@ -9,7 +9,7 @@ from pathlib import Path
 from clients import http_generate
 from conftest import scrape
 
-from avspec.serving.launcher import ServerProcess
+from avspec.serving.server_process import ServerProcess
 
 DASHBOARD = (
     Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from clients import GrpcStream, http_generate, post_json
 from conftest import ADMIN_KEY
 
-from avspec.serving.launcher import ServerProcess
+from avspec.serving.server_process import ServerProcess
 
 EVIL_LOAD = {
     "parameters": {

@@ -17,8 +17,9 @@ import urllib.request
 
 import pytest
 from clients import GrpcStream, http_generate
+from conftest import all_freed, wait_for
 
-from avspec.serving.launcher import ServerProcess
+from avspec.serving.server_process import ServerProcess
 from avspec.serving.supervisor import find_stubs
 
 RECOVERY_S = 30
@@ -90,6 +91,9 @@ def test_killed_stub_is_reloaded_and_in_flight_requests_get_an_answer(
     wait_recovered(server, model, restarts)
     assert find_stubs(server.process.pid, server.model_repository)[model].pid != old
     assert len(http_generate(server.http_url, text_input="again", max_tokens=6).text) == 6
+    # nothing of the lost request stays behind: every KV cache slot is free again (an entry
+    # restart reloads draft and target too, whose caches held the dead scheduler's sequences)
+    assert wait_for(lambda: all_freed(server)), "KV cache slots leaked"
 
 
 def test_readiness_is_false_while_a_stage_is_down(server: ServerProcess) -> None:

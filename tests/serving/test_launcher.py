@@ -3,25 +3,32 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 from conftest import free_port
 
 from avspec.serving import launcher
-from avspec.serving.launcher import (
-    ServerError,
-    ServerProcess,
+from avspec.serving.served_models import model_config_file, python_models, repository_models
+from avspec.serving.server_process import ServerError, ServerProcess
+from avspec.serving.supervisor import find_stubs
+from avspec.serving.triton_env import (
+    BACKEND_SOURCE_DIR,
+    TritonInstall,
     prepare_backend_directory,
-    repository_models,
     server_environment,
+    tritonserver_binary,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_backend_directory_holds_python_backend(tmp_path: Path) -> None:
@@ -36,8 +43,41 @@ def test_server_environment() -> None:
     assert env["OMP_NUM_THREADS"] == "1"
     assert "nvidia_pytriton.libs" in env["LD_LIBRARY_PATH"]
     assert env["PATH"].endswith(":/usr/bin")
-    assert str(launcher.BACKEND_SOURCE_DIR) in env["PYTHONPATH"]
+    assert str(BACKEND_SOURCE_DIR) in env["PYTHONPATH"]
     assert "OMP_NUM_THREADS" not in server_environment({}, cpu_threads=None)
+
+
+def test_installed_server_keeps_its_environment_but_the_thread_cap() -> None:
+    """Another tritonserver (the NGC image's) has its own python3 and PYTHONPATH: kept as is."""
+    base = {"PATH": "/usr/bin", "PYTHONPATH": "/opt/avspec/backend", "LD_LIBRARY_PATH": "/x"}
+    assert server_environment(base, cpu_threads=1, bundled=False) == base | {"OMP_NUM_THREADS": "1"}
+    assert server_environment(base, cpu_threads=None, bundled=False) == base
+
+
+def _fake_tritonserver(directory: Path) -> Path:
+    binary = directory / "bin" / "tritonserver"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    return binary
+
+
+def test_triton_install_tells_the_wheel_server_from_an_installed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wheel = TritonInstall.find()
+    assert wheel.binary == tritonserver_binary() and wheel.bundled and wheel.assembles_backends
+    assert TritonInstall.find(tritonserver_binary()).bundled
+    binary = _fake_tritonserver(tmp_path)
+    monkeypatch.setenv("PATH", f"{binary.parent}:/usr/bin:/bin")
+    installed = TritonInstall.find("tritonserver")  # a bare name: looked up on PATH
+    assert installed.binary == binary.resolve() and not installed.bundled
+    assert not installed.assembles_backends  # tritonserver's own default backend directory
+    assert TritonInstall.find(binary, tmp_path).backend_directory == tmp_path.resolve()
+    with pytest.raises(FileNotFoundError, match="not a directory"):
+        TritonInstall.find(binary, tmp_path / "absent")
+    with pytest.raises(FileNotFoundError, match="no 'no-such-server' on PATH"):
+        TritonInstall.find("no-such-server")
 
 
 def test_missing_or_empty_repository(tmp_path: Path) -> None:
@@ -45,6 +85,66 @@ def test_missing_or_empty_repository(tmp_path: Path) -> None:
         ServerProcess(tmp_path / "absent")
     with pytest.raises(ServerError, match="no model"):
         ServerProcess(tmp_path)
+    _model(tmp_path / "repository", "m", 'backend: "python"')
+    with pytest.raises(ServerError, match="not an executable"):
+        ServerProcess(tmp_path / "repository", tritonserver=tmp_path / "absent" / "tritonserver")
+
+
+def _model(repository: Path, name: str, config: str, gpu_config: str | None = None) -> None:
+    (repository / name / "configs").mkdir(parents=True)
+    (repository / name / "config.pbtxt").write_text(config)
+    if gpu_config is not None:
+        (repository / name / "configs" / "gpu.pbtxt").write_text(gpu_config)
+
+
+def test_models_are_found_across_repositories_under_a_config_name(tmp_path: Path) -> None:
+    """As Triton reads them: configs/<name>.pbtxt where it exists; a name in one repository."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    _model(first, "entry", 'backend: "python"')
+    _model(first, "cpu_only", 'backend: "python"', gpu_config='backend: "onnxruntime"')
+    _model(first, "pipeline", 'platform: "ensemble"')
+    _model(second, "engine", 'backend: "tensorrtllm"')
+    _model(second, "adapter", 'backend: "python"')
+    assert model_config_file(first / "cpu_only", "gpu") == first / "cpu_only/configs/gpu.pbtxt"
+    assert model_config_file(first / "entry", "gpu") == first / "entry/config.pbtxt"
+    assert python_models(first) == ["cpu_only", "entry"]
+    assert python_models(first, "gpu") == ["entry"]
+    server = ServerProcess(first, extra_repositories=[second], model_config_name="gpu")
+    assert server.models == ["adapter", "cpu_only", "engine", "entry", "pipeline"]
+    assert server.supervised_models() == ["adapter", "entry"]
+    assert server.model_homes["adapter"] == second.resolve()
+    _model(second, "entry", 'backend: "python"')
+    with pytest.raises(ServerError, match="'entry' is in several of the repositories"):
+        ServerProcess(first, extra_repositories=[second])
+    with pytest.raises(ServerError, match="'absent' is in none of the repositories"):
+        ServerProcess(first, load_models=["entry", "absent"])
+
+
+def test_gpu_deployment_supervises_its_python_stages(tmp_path: Path) -> None:
+    """The container's repositories and load list: every Python-backend stage is watched, in
+    both repositories; the engine (C++ backend) and the ensemble have no stub to watch."""
+    loads = [
+        "tensorrt_llm",
+        "trtllm_target",
+        "draft",
+        "verifier",
+        "speculative_step",
+        "speculative",
+    ]
+    server = ServerProcess(
+        ROOT / "model_repository",
+        extra_repositories=[ROOT / "model_repository_gpu"],  # the templates: same backends
+        model_config_name="gpu",
+        load_models=loads,
+        tritonserver=_fake_tritonserver(tmp_path),
+    )
+    assert server.models == loads  # readiness waits for each
+    assert server.supervised_models() == ["trtllm_target", "draft", "verifier", "speculative"]
+    command = server.command(None)
+    assert "--load-model=*" not in command and "--backend-directory" not in " ".join(command)
+    assert [a for a in command if a.startswith("--load-model=")] == [
+        f"--load-model={m}" for m in loads
+    ]
 
 
 def test_command_uses_explicit_model_control(tmp_path: Path) -> None:
@@ -54,7 +154,11 @@ def test_command_uses_explicit_model_control(tmp_path: Path) -> None:
     server.internal_http_port, server.internal_grpc_port = 11, 12
     assert repository_models(tmp_path) == ["m"]
     command = server.command(tmp_path / "backends")
+    assert command[0] == str(tritonserver_binary())
+    assert f"--model-repository={tmp_path.resolve()}" in command
+    assert f"--backend-directory={tmp_path / 'backends'}" in command
     assert "--model-control-mode=explicit" in command and "--load-model=*" in command
+    assert not any(a.startswith("--model-config-name") for a in command)
     # Triton's own ports on loopback only; the public ports are the front's
     assert "--http-address=127.0.0.1" in command and "--http-port=11" in command
     assert "--grpc-address=127.0.0.1" in command and "--grpc-port=12" in command
@@ -123,12 +227,12 @@ def test_cli_prints_ready_line_and_stops_on_sigterm(tmp_path: Path) -> None:
             process.kill()
 
 
-def _echo_repository(root: Path) -> Path:
-    """A one-model repository whose Python model loads instantly (one stub process).
+def _echo_repository(root: Path, name: str = "speculative") -> Path:
+    """A repository with a Python model `name` that loads instantly (one stub process).
 
-    Named `speculative`, the public model the launcher's front serves by default.
+    By default `speculative`, the public model the launcher's front serves by default.
     """
-    model = root / "speculative"
+    model = root / name
     (model / "1").mkdir(parents=True)
     (model / "config.pbtxt").write_text(
         'backend: "python"\nmax_batch_size: 0\n'
@@ -139,6 +243,48 @@ def _echo_repository(root: Path) -> Path:
         "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
     )
     return root
+
+
+@pytest.mark.serving
+def test_two_repositories_a_config_name_and_a_load_list(tmp_path: Path) -> None:
+    """The GPU container's options on the bundled server: only the listed models load, from
+    both repositories, under the config name; the supervisor watches the stubs of both."""
+    _echo_repository(tmp_path / "first")
+    second = _echo_repository(tmp_path / "second", "stage")
+    _echo_repository(second, "unlisted")
+    config = (second / "stage" / "config.pbtxt").read_text()
+    (second / "stage" / "configs").mkdir()
+    (second / "stage" / "configs" / "gpu.pbtxt").write_text(
+        config + 'parameters { key: "variant" value: { string_value: "gpu" } }\n'
+    )
+    server = ServerProcess(
+        tmp_path / "first",
+        free_port(),
+        free_port(),
+        free_port(),
+        exit_timeout_s=5,
+        log_path=tmp_path / "triton.log",
+        extra_repositories=[second],
+        model_config_name="gpu",
+        load_models=["stage", "speculative"],
+    )
+    with server:
+        assert server.supervisor.models == ["speculative", "stage"]
+        assert not server._http_ok("/v2/models/unlisted/ready")
+        request = urllib.request.Request(
+            f"{server.internal_http_url}/v2/models/stage/config",
+            headers={"avspec-admin-key": server.keys.admin_key},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            parameters = json.load(response)["parameters"]  # read from configs/gpu.pbtxt
+        assert parameters["variant"]["string_value"] == "gpu"
+        stubs = find_stubs(server.process.pid, tmp_path)
+        os.kill(stubs["stage"].pid, signal.SIGKILL)  # a stage of the second repository dies
+        deadline = time.monotonic() + 60
+        while server.supervisor.restarts["stage"] == 0 or not server.supervisor.ready():
+            assert time.monotonic() < deadline, "the stage was not reloaded"
+            time.sleep(0.2)
+        assert find_stubs(server.process.pid, second)["stage"].pid != stubs["stage"].pid
 
 
 def _live_processes() -> dict[int, tuple[int, int, str]]:

@@ -7,7 +7,6 @@ deltas, so none depends on another's leftovers except through monotone counters.
 from __future__ import annotations
 
 import math
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -20,23 +19,14 @@ from clients import (
     post_json,
     tritonclient_http_generate,
 )
-from conftest import ADMIN_KEY, K, scrape
+from conftest import ADMIN_KEY, K, all_freed, scrape, wait_for
 from tritonclient.utils import InferenceServerException
 
-from avspec.serving.launcher import ServerProcess
 from avspec.serving.metrics import metric_value
+from avspec.serving.server_process import ServerProcess
 
 PROMPTS = [f"prompt {i}: def f(x):" for i in range(16)]
 GREEDY_TOKENS = 20
-
-
-def wait_for(condition, timeout_s: float = 30.0, interval_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval_s)
-    return condition()
 
 
 def bucket(samples: dict, le: str) -> float:
@@ -168,15 +158,6 @@ def test_metrics_present_and_coefficients_move(server: ServerProcess) -> None:
     assert 0 <= ece <= 1 and not math.isnan(ece)
 
 
-def _all_freed(server: ServerProcess) -> bool:
-    samples = scrape(server)
-    return (
-        metric_value(samples, "av_live_sequences") == 0
-        and metric_value(samples, "av_kv_live_sequences", model="draft") == 0
-        and metric_value(samples, "av_kv_live_sequences", model="target") == 0
-    )
-
-
 def test_grpc_cancellation_frees_sequences(server: ServerProcess) -> None:
     stream = GrpcStream(server.grpc_url)
     try:
@@ -186,7 +167,7 @@ def test_grpc_cancellation_frees_sequences(server: ServerProcess) -> None:
         assert wait_for(lambda: metric_value(scrape(server), "av_live_sequences") >= 1, 10)
     finally:
         stream.close(cancel=True)
-    assert wait_for(lambda: _all_freed(server)), "cancelled sequence still holds state"
+    assert wait_for(lambda: all_freed(server)), "cancelled sequence still holds state"
     # The server keeps serving.
     assert len(http_generate(server.http_url, text_input="after", max_tokens=4).text) == 4
 
@@ -217,7 +198,7 @@ def test_bad_input_over_grpc_ends_the_stream(server: ServerProcess) -> None:
         assert result is None and "top_p" in str(error)
     finally:
         stream.close()
-    assert wait_for(lambda: _all_freed(server))
+    assert wait_for(lambda: all_freed(server))
 
 
 def test_warm_start_restores_coefficients(server: ServerProcess) -> None:

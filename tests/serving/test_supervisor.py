@@ -155,3 +155,17 @@ def test_an_operator_unload_is_not_a_death_and_the_next_stub_is_adopted(fake: Fa
     assert not (fake.shm / region).exists()
     fake.kill("verifier")  # and a death after that is noticed
     assert sup.check() == ["verifier"] and dead == ["verifier"]
+
+
+def test_followers_of_a_dead_model_are_reloaded_with_it(fake: FakeServer) -> None:
+    dead: list[str] = []
+    sup = supervisor(fake, dead)
+    sup.followers = {"speculative": ["draft", "verifier"]}
+    sup._stubs = find_stubs(os.getpid(), fake.repository)
+    old = {m: s.pid for m, s in sup._stubs.items()}
+    fake.kill("speculative")
+    assert sup.check() == ["speculative"]
+    assert dead == ["speculative"]  # followers are reloaded, not reported dead
+    assert fake.reloads == ["speculative", "draft", "verifier"]
+    assert all(sup._stubs[m].pid != old[m] for m in MODELS) and sup.ready()
+    assert sup.restarts == {"draft": 1, "speculative": 1, "verifier": 1}

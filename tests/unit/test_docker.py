@@ -10,9 +10,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 import tomllib
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -153,19 +158,101 @@ def test_dashboard_is_well_formed_and_covers_every_av_metric() -> None:
         assert any(name.startswith(spec.name) for name in queried), f"no panel for {spec.name}"
 
 
-def test_entry_script_builds_the_engine_once_then_serves(tmp_path: Path) -> None:
+# A stand-in tritonserver, run by the launcher: records its argv, starts one stand-in stub per
+# Python-backend model it loads (argv shaped like the real stub's, so the launcher's supervisor
+# finds them) and answers readiness and a repository index on its --http-port, as Triton would.
+_FAKE_TRITONSERVER = """
+import json, os, subprocess, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+argv = sys.argv[1:]
+with open(os.environ["LOG"], "a") as log:
+    log.write("tritonserver " + json.dumps(argv) + "\\n")
+flags = [a.split("=", 1) for a in argv if "=" in a]
+def values(name): return [v for k, v in flags if k == name]
+loaded, config_name = values("--load-model"), values("--model-config-name")
+stubs = []
+for model in loaded:
+    for repository in map(Path, values("--model-repository")):
+        config = repository / model / "configs" / f"{config_name[0]}.pbtxt"
+        config = config if config.is_file() else repository / model / "config.pbtxt"
+        if config.is_file() and 'backend: "python"' in config.read_text():
+            stubs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",
+                "triton_python_backend_stub", str(repository / model / "1" / "model.py"),
+                f"shm_{model}"]))
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args): pass
+    def answer(self, ok, body=b"{}"):
+        self.send_response(200 if ok else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        ready = {"/v2/health/ready"} | {f"/v2/models/{m}/ready" for m in loaded}
+        self.answer(self.path in ready)
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.answer(self.path == "/v2/repository/index", b"[]")
+
+port = int(values("--http-port")[0])
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _status(url: str, headers: dict[str, str] | None = None) -> int:
+    """Status of a POST with an empty JSON body (HTTP errors included)."""
+    request = urllib.request.Request(url, data=b"{}", headers=headers or {}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _serve_until_ready(env: dict[str, str], out: Path, timeout_s: float = 180) -> subprocess.Popen:
+    """Run serve_gpu.sh (stdout to `out`) until the launcher prints its ready line."""
+    with out.open("w") as stdout:
+        process = subprocess.Popen(["bash", str(DOCKER / "serve_gpu.sh")], env=env, stdout=stdout)
+    deadline = time.monotonic() + timeout_s
+    while "avspec: serving" not in out.read_text():
+        assert process.poll() is None, f"serve_gpu.sh exited: {out.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"not ready in {timeout_s} s: {out.read_text()}"
+        time.sleep(0.2)
+    return process
+
+
+def _stop(process: subprocess.Popen, out: Path) -> None:
+    """SIGTERM, as `docker stop` sends it: the launcher stops the server and exits 0."""
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+    assert "stopped on SIGTERM" in out.read_text()
+
+
+def test_entry_script_builds_the_engine_once_then_serves_behind_the_front(tmp_path: Path) -> None:
     """docker/serve_gpu.sh on the CPU, with stand-ins for the two GPU programs: the real export
     runs, `trtllm-build` gets the deployment's flags and sizes from the values file, the filled
-    repository has no placeholder left, and a second start reuses the engine."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
-    bin_dir.mkdir()
+    repository has no placeholder left, a second start reuses the engine, and both starts run
+    the stand-in tritonserver through the launcher: loopback only, restricted APIs, both
+    repositories with the gpu configs, the script's load list, public ports held by the front."""
+    bin_dir, log = tmp_path / "triton" / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir(parents=True)
+    (tmp_path / "triton" / "backends").mkdir()  # the layout serve_gpu.sh derives it from
+    (tmp_path / "fake_tritonserver.py").write_text(_FAKE_TRITONSERVER)
     stand_ins = {
         "python3": f'exec "{sys.executable}" "$@"\n',  # the venv's: torch, safetensors
         # records its arguments and writes an engine file where --output_dir points
         "trtllm-build": 'echo "trtllm-build $*" >> "$LOG"\n'
         'while [ "$1" != "--output_dir" ]; do shift; done\n'
         'mkdir -p "$2" && touch "$2/rank0.engine"\n',
-        "tritonserver": 'echo "tritonserver $*" >> "$LOG"\n',
+        "tritonserver": f'exec "{sys.executable}" "{tmp_path / "fake_tritonserver.py"}" "$@"\n',
     }
     for name, body in stand_ins.items():
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}")
@@ -174,19 +261,44 @@ def test_entry_script_builds_the_engine_once_then_serves(tmp_path: Path) -> None
     values = json.loads((DOCKER / "gpu_values.example.json").read_text())
     values |= {"engine_dir": str(engine), "triton_max_batch_size": "16", "max_seq_len": "256"}
     (tmp_path / "values.json").write_text(json.dumps(values))
+    ports = {name: _free_port() for name in ("HTTP", "GRPC", "METRICS")}
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "LOG": str(log),
         "AVSPEC_ROOT": str(tmp_path / "root"),
         "AVSPEC_GPU_VALUES": str(tmp_path / "values.json"),
         "PYTHONPATH": str(ROOT / "backend"),
+        **{f"AVSPEC_{name}_PORT": str(port) for name, port in ports.items()},
     }
     (tmp_path / "root").mkdir()
     for name in ("models", "client", "model_repository", "model_repository_gpu"):
         (tmp_path / "root" / name).symlink_to(ROOT / name)
+    admin_key = "container-admin-key-0123456789"
+    (tmp_path / "admin.key").write_text(admin_key + "\n")
+    front = f"http://127.0.0.1:{ports['HTTP']}"
 
-    for _ in range(2):
-        subprocess.run(["bash", str(DOCKER / "serve_gpu.sh")], env=env, check=True)
+    out = [tmp_path / "first.out", tmp_path / "second.out"]
+    process = _serve_until_ready(env, out[0])  # first start: builds the engine; admin closed
+    try:
+        with urllib.request.urlopen(f"{front}/v2/health/ready", timeout=10) as response:
+            assert response.status == 200  # forwarded by the front to the stand-in
+        assert _status(f"{front}/v2/repository/index") == 403  # refused by the front
+        assert _status(f"{front}/v2/models/draft/infer") == 403  # an internal stage
+        _stop(process, out[0])
+        keyed = env | {"AVSPEC_ADMIN_KEY_FILE": str(tmp_path / "admin.key")}
+        process = _serve_until_ready(keyed, out[1])
+        assert _status(f"{front}/v2/repository/index", {"avspec-admin-key": admin_key}) == 200
+        assert _status(f"{front}/v2/repository/index", {"avspec-admin-key": "x" * 20}) == 403
+        _stop(process, out[1])
+    finally:
+        if process.poll() is None:  # SIGTERM first: the launcher takes the server down with it
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
     calls = log.read_text().splitlines()
     builds = [c for c in calls if c.startswith("trtllm-build")]
     assert len(builds) == 1 and len(calls) == 3, calls
@@ -198,11 +310,43 @@ def test_entry_script_builds_the_engine_once_then_serves(tmp_path: Path) -> None
     assert (
         json.loads((checkpoint / "config.json").read_text())["architecture"] == "LlamaForCausalLM"
     )
-    assert "--model-config-name=gpu" in calls[-1]
     filled = tmp_path / "root" / "build" / "model_repository_gpu"
     for config in filled.rglob("config.pbtxt"):
         assert "${" not in config.read_text(), config
     assert str(engine) in (filled / "tensorrt_llm" / "config.pbtxt").read_text()
+    servers = [json.loads(c.removeprefix("tritonserver ")) for c in calls[1:]]
+    for argv in servers:
+        _assert_launched_behind_the_front(argv, ports, filled, tmp_path / "triton" / "backends")
+    assert any(f"avspec-admin-key={admin_key}" in a for a in servers[1])
+    assert not any(admin_key in a for a in servers[0])
+
+
+def _assert_launched_behind_the_front(
+    argv: list[str], ports: dict[str, int], filled: Path, backends: Path
+) -> None:
+    """The tritonserver command the launcher built for the container."""
+    flags = [arg.partition("=")[::2] for arg in argv]  # (flag, value), value "" if none
+    assert [v for k, v in flags if k == "--model-repository"] == [
+        str(ROOT / "model_repository"),
+        str(filled.resolve()),
+    ]
+    script = (DOCKER / "serve_gpu.sh").read_text()
+    assert [v for k, v in flags if k == "--load-model"] == re.findall(r"--load-model=(\w+)", script)
+    single = {k: v for k, v in flags if k not in ("--model-repository", "--load-model")}
+    assert single["--model-config-name"] == "gpu"
+    assert single["--backend-directory"] == str(backends)
+    assert single["--model-control-mode"] == "explicit"
+    # Triton itself on loopback, on ports of its own; the public ports are the front's
+    assert single["--http-address"] == single["--grpc-address"] == "127.0.0.1"
+    assert {int(single["--http-port"]), int(single["--grpc-port"])}.isdisjoint(ports.values())
+    assert single["--metrics-address"] == "0.0.0.0"
+    assert single["--metrics-port"] == str(ports["METRICS"])
+    assert single["--exit-timeout-secs"] == "30"
+    restricted = [
+        v for k, v in flags if k in ("--http-restricted-api", "--grpc-restricted-protocol")
+    ]
+    assert len(restricted) == 4
+    assert sum(v.startswith("inference:avspec-front-key=") for v in restricted) == 2
 
 
 def test_trtllm_extra_is_pinned_optional_and_matches_the_image() -> None:

@@ -13,7 +13,10 @@ server). When a model it saw running has lost its stub, it:
 3. reloads the model with unload + load through the repository API (a plain load of an
    unchanged model is a no-op in 2.51, seen here), which also reloads the ensemble over it;
 4. removes the dead stub's shared-memory region, which nobody else frees while the server runs;
-5. turns `ready()` True again once every model it reloads has a live stub.
+5. reloads the model's `followers` too: stages whose state belongs to the dead model's requests
+   (when the entry model dies, its scheduler and every sequence id it handed out die with it;
+   the KV caches of `draft` and `target` would hold those sequences until their idle timeout);
+6. turns `ready()` True again once every model it reloads has a live stub.
 A model whose reload fails is retried at the next poll; readiness stays False meanwhile. A stub
 that exits because an operator unloaded its model is not a death: Triton no longer calls that
 model loaded, so the supervisor leaves it alone and adopts the stub of a later load.
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,6 +110,7 @@ class StageSupervisor:
         reload: Callable[[str], None],
         is_loaded: Callable[[str], bool],
         on_dead: Callable[[str], None] = lambda model: None,
+        followers: Mapping[str, Iterable[str]] | None = None,
         interval_s: float = 0.5,
         shm_dir: Path = Path("/dev/shm"),
     ) -> None:
@@ -116,6 +120,7 @@ class StageSupervisor:
         self.reload = reload
         self.is_loaded = is_loaded
         self.on_dead = on_dead
+        self.followers = {model: list(after) for model, after in (followers or {}).items()}
         self.interval_s = interval_s
         self.shm_dir = shm_dir
         self.restarts: dict[str, int] = dict.fromkeys(self.models, 0)
@@ -197,6 +202,10 @@ class StageSupervisor:
         self._adopt(model, stub)
         self.restarts[model] += 1
         logger.warning("model %r is back (stub pid %d)", model, stub.pid)
+        for follower in self.followers.get(model, ()):
+            logger.warning("reloading %r too: its state belonged to %r's requests", follower, model)
+            self._reloading.add(follower)  # retried at the next poll if this reload fails
+            self._recover(follower)
 
     def _notify(self, model: str) -> None:
         try:

@@ -7,6 +7,7 @@ wait queue answers UNAVAILABLE (HTTP 503), so the client retries later.
 """
 
 import json
+import secrets
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -44,6 +45,8 @@ class TritonPythonModel:
             max_queued=p.max_queued, max_queued_per_client=p.max_queued_per_client,
             refit_max_temperature=p.refit_max_temperature,
             refit_client_share=p.refit_client_share,
+            # ids never seen before: a restarted entry must not continue a dead one's sequences
+            first_seq_id=secrets.randbits(61) + 1,
         )  # fmt: skip
         self.scheduler.start()
 

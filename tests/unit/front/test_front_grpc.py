@@ -84,6 +84,18 @@ def test_grpc_server_ready_follows_stages(stub, state):
     assert not stub.ServerReady(service_pb2.ServerReadyRequest()).ready
 
 
+def test_grpc_inference_fails_fast_while_a_stage_restarts(stub, fake_grpc, state):
+    state["ready"] = False
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ModelInfer(infer_request())
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "restarting" in err.value.details()
+    assert not fake_grpc.calls
+    with pytest.raises(grpc.RpcError) as err:
+        list(stub.ModelStreamInfer(iter([infer_request()])))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
 def test_grpc_oversized_message_is_resource_exhausted(stub, fake_grpc):
     big = infer_request(raw_input_contents=[b"x" * (MAX_BODY + 1)])
     with pytest.raises(grpc.RpcError) as err:

@@ -177,6 +177,16 @@ def test_readiness(front, fake_http, state):
     assert request(front.http_port, "GET", "/v2/health/ready")[0] == 503
 
 
+def test_inference_fails_fast_while_a_stage_restarts(front, fake_http, state):
+    state["ready"] = False
+    body = {"text_input": "a", "max_tokens": 4}
+    status, payload, _ = request(front.http_port, "POST", "/v2/models/speculative/generate", body)
+    assert status == 503 and "restarting" in payload["error"]
+    assert not fake_http.requests
+    state["ready"] = True
+    assert request(front.http_port, "POST", "/v2/models/speculative/generate", body)[0] == 200
+
+
 def test_sse_chunks_arrive_before_upstream_finishes(front, fake_http):
     connection = http.client.HTTPConnection("127.0.0.1", front.http_port, timeout=10)
     body = json.dumps({"text_input": "slow", "max_tokens": 3})

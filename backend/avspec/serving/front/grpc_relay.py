@@ -39,6 +39,7 @@ from avspec.serving.front.config import FrontConfig
 from avspec.serving.front.inflight import InFlight, settle
 from avspec.serving.front.policy import (
     RESERVED_MARK,
+    RESTARTING,
     admin_authorized,
     refusal,
     reserved_parameter,
@@ -198,6 +199,8 @@ class GrpcRelay(grpc.GenericRpcHandler):
                 await context.abort(*refused)
         if rpc == "ServerReady" and not await stage_ready(self.config.ready):
             return service_pb2.ServerReadyResponse(ready=False).SerializeToString()
+        if rpc == "ModelInfer" and not await stage_ready(self.config.ready):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, RESTARTING)
         assert self._channel is not None
         call = self._channel.unary_unary(method)(
             request, metadata=self._metadata(context, admin), timeout=context.time_remaining()
@@ -247,6 +250,9 @@ class GrpcRelay(grpc.GenericRpcHandler):
                     refused = self._refusal("ModelStreamInfer", request, admin, keys)
                     if refused is not None:  # ends the stream with this status
                         await queue.put(_Refused(*refused))
+                        return
+                    if not await stage_ready(self.config.ready):
+                        await queue.put(_Refused(grpc.StatusCode.UNAVAILABLE, RESTARTING))
                         return
                     await call.write(request)
                 await call.done_writing()

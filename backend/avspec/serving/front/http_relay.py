@@ -30,7 +30,7 @@ from avspec.serving.exposure import CLIENT_HEADER
 from avspec.serving.front import http_wire as wire
 from avspec.serving.front.config import FrontConfig, split_host_port
 from avspec.serving.front.inflight import InFlight, settle
-from avspec.serving.front.policy import http_identity, stage_ready
+from avspec.serving.front.policy import RESTARTING, http_identity, stage_ready
 from avspec.serving.front.schema import check_generate_body
 
 _LINGER_S = 1.0  # after an early error: how long to swallow a body the client still sends
@@ -119,6 +119,8 @@ class HttpRelay:
                 body = self._checked_generate(body, identity)
             elif route.kind == "infer":
                 wire.check_infer(request, body)
+            if route.kind in ("generate", "infer") and not await stage_ready(self.config.ready):
+                raise wire.HttpError(503, RESTARTING)  # fail fast instead of inside a stage
         except wire.HttpError as err:
             writer.write(wire.error_response(err.status, err.message, err.headers))
             await self._linger_close(reader, writer)

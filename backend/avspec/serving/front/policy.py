@@ -65,6 +65,9 @@ def http_identity(host: str) -> str:
     return str(mapped) if mapped is not None else host
 
 
+RESTARTING = "a serving stage is restarting (the server reloads it by itself); retry shortly"
+
+
 async def stage_ready(ready: Callable[[], bool] | None) -> bool:
     """The extra readiness check, off the event loop (it may take a lock or do I/O)."""
     if ready is None:

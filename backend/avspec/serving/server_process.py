@@ -1,0 +1,400 @@
+"""A tritonserver on model repositories, behind the front, with a stage supervisor.
+
+Safe by default (avspec.serving.exposure): tritonserver listens on 127.0.0.1 behind the front
+(avspec.serving.front), which alone holds the public HTTP and gRPC ports and routes inference on
+`speculative`, health and metadata; model control and the other admin APIs need the operator's
+admin key. A supervisor (avspec.serving.supervisor) reloads a model whose stub died. Models are
+loaded in explicit control mode (`--load-model=*`, or the models given), so an operator with the
+key may unload and reload single models (the serving tests do this to prove warm start).
+
+Which server (avspec.serving.triton_env): by default the one bundled in nvidia-pytriton on one
+repository (the CPU deployment). The GPU container (docker/serve_gpu.sh) passes its installed
+tritonserver and backend directory, two repositories, `--model-config-name=gpu` and the models
+to load; the exposure is the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from avspec.serving.cleanup import clean_leftovers, shm_prefix
+from avspec.serving.exposure import ADMIN_KEY_HEADER, Keys
+from avspec.serving.front import Front, FrontConfig, generate_schema_from_config
+from avspec.serving.served_models import (
+    locate_models,
+    model_config_file,
+    repository_models,
+    runs_on_python_backend,
+)
+from avspec.serving.supervisor import StageSupervisor
+from avspec.serving.triton_env import TritonInstall, prepare_backend_directory
+
+
+class ServerError(RuntimeError):
+    """The server could not be started, died, or never became ready."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free on `host` a moment ago."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A running tritonserver on model repositories; use as a context manager.
+
+    `start()` returns once every model to load is ready and the front listens, or raises
+    ServerError (server exited, or not ready within `ready_timeout_s`). `stop()` sends SIGTERM,
+    then SIGKILL to the whole process group after `exit_timeout_s` + 10 s.
+
+    http_port and grpc_port are the front's public ports on `host`; tritonserver's own HTTP and
+    gRPC ports are free loopback ports (`internal_http_url`). `admin_key`: the operator's key
+    for the admin APIs (None: closed to clients). `public_model`: the one model clients may
+    run; its configuration gives the front the generate body's schema.
+
+    Which server (all keyword options; the defaults are the CPU deployment): `tritonserver`, a
+    path or a name on PATH (None: the wheel's, run with the wheel's environment; another one
+    runs in this environment as is, but for `cpu_threads`); `backend_directory`, used as is
+    (None: assembled from the wheel for its server, tritonserver's own default otherwise);
+    `extra_repositories`, served with `model_repository`; `model_config_name`
+    (`--model-config-name`); `load_models`, the models to load (None: every model of the
+    repositories). The supervisor watches the loaded Python-backend models of every repository.
+    """
+
+    def __init__(
+        self,
+        model_repository: str | Path,
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        log_verbose: int = 0,
+        exit_timeout_s: int = 10,
+        ready_timeout_s: float = 300.0,
+        log_path: str | Path | None = None,
+        cpu_threads: int | None = 1,
+        *,
+        host: str = "127.0.0.1",
+        admin_key: str | None = None,
+        max_body_bytes: int = 1 << 20,
+        public_model: str = "speculative",
+        supervise: bool = True,
+        tritonserver: str | Path | None = None,
+        backend_directory: str | Path | None = None,
+        extra_repositories: Sequence[str | Path] = (),
+        model_config_name: str | None = None,
+        load_models: Sequence[str] | None = None,
+    ) -> None:
+        self.model_repositories = tuple(
+            Path(r).resolve() for r in (model_repository, *extra_repositories)
+        )
+        for repository in self.model_repositories:
+            if not repository.is_dir():
+                raise ServerError(f"model repository {repository} is not a directory")
+        self.model_repository = self.model_repositories[0]
+        self.load_models = tuple(load_models) if load_models is not None else None
+        every = [m for r in self.model_repositories for m in repository_models(r)]
+        self.models = list(self.load_models) if self.load_models is not None else sorted(every)
+        if not self.models:
+            names = ", ".join(str(r) for r in self.model_repositories)
+            raise ServerError(f"no model (*/config.pbtxt) to load in {names}")
+        try:
+            self.model_homes = locate_models(self.model_repositories, self.models)
+        except ValueError as err:
+            raise ServerError(str(err)) from None
+        self.model_config_name = model_config_name
+        try:
+            self.triton = TritonInstall.find(tritonserver, backend_directory)
+        except ImportError as err:
+            raise ServerError(f"{err}: the bundled tritonserver needs nvidia-pytriton") from None
+        except FileNotFoundError as err:
+            raise ServerError(str(err)) from None
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.log_verbose = log_verbose
+        self.exit_timeout_s = exit_timeout_s
+        self.ready_timeout_s = ready_timeout_s
+        self.log_path = Path(log_path) if log_path is not None else None
+        self.cpu_threads = cpu_threads
+        self.host = host
+        self.keys = Keys(operator_admin_key=admin_key)
+        self.max_body_bytes = max_body_bytes
+        self.public_model = public_model
+        self.supervise = supervise
+        self.internal_http_port = self.internal_grpc_port = 0
+        self.process: subprocess.Popen | None = None
+        self.front: Front | None = None
+        self.supervisor: StageSupervisor | None = None
+        self._workdir: tempfile.TemporaryDirectory | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    @property
+    def internal_http_url(self) -> str:
+        """tritonserver's own HTTP endpoint (loopback; inference and admin need keys)."""
+        return f"http://127.0.0.1:{self.internal_http_port}"
+
+    def command(self, backend_directory: Path | None) -> list[str]:
+        """Return the tritonserver command line (no `--backend-directory` for None)."""
+        if self.load_models is None:
+            loads = ["--load-model=*"]
+        else:
+            loads = [f"--load-model={model}" for model in self.load_models]
+        return [
+            str(self.triton.binary),
+            *(f"--model-repository={r}" for r in self.model_repositories),
+            *([f"--backend-directory={backend_directory}"] if backend_directory else []),
+            *([f"--model-config-name={self.model_config_name}"] if self.model_config_name else []),
+            "--model-control-mode=explicit",
+            *loads,
+            "--disable-auto-complete-config",  # config.pbtxt is complete; saves a stub per model
+            "--http-address=127.0.0.1",
+            f"--http-port={self.internal_http_port}",
+            "--grpc-address=127.0.0.1",
+            f"--grpc-port={self.internal_grpc_port}",
+            *self.keys.triton_flags(),
+            "--allow-metrics=true",
+            f"--metrics-address={self.host}",
+            f"--metrics-port={self.metrics_port}",
+            # regions named after this launcher, so the next start can tell its leftovers
+            f"--backend-config=python,shm-region-prefix-name={shm_prefix(os.getpid())}",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--log-verbose={self.log_verbose}",
+        ]
+
+    def start(self) -> ServerProcess:
+        """Start the server and wait until every model is ready."""
+        if self.process is not None:
+            raise ServerError("server already started")
+        try:
+            clean_leftovers()
+            self.internal_http_port, self.internal_grpc_port = free_port(), free_port()
+            self._launch(self._prepare_backends())
+            self.wait_ready()
+            self._start_supervisor()
+            self._start_front()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _prepare_backends(self) -> Path | None:
+        """The backend directory to pass (None: tritonserver's own default)."""
+        if not self.triton.assembles_backends:
+            return self.triton.backend_directory
+        self._workdir = tempfile.TemporaryDirectory(prefix="avspec-triton-")
+        try:
+            return prepare_backend_directory(Path(self._workdir.name) / "backends")
+        except FileNotFoundError as err:
+            raise ServerError(str(err)) from None
+
+    def _launch(self, backends: Path | None) -> None:
+        out = open(self.log_path, "ab") if self.log_path is not None else None  # noqa: SIM115
+        try:
+            self.process = subprocess.Popen(
+                self.command(backends),
+                env=self.triton.environment(self.cpu_threads),
+                stdout=out,
+                stderr=subprocess.STDOUT if out is not None else None,
+                start_new_session=True,  # own process group: stop() reaches the stub processes
+            )
+        finally:
+            if out is not None:
+                out.close()
+
+    def supervised_models(self) -> list[str]:
+        """The models to load that the Python backend runs (those have stubs to watch)."""
+        return [
+            model
+            for model in self.models
+            if runs_on_python_backend(self.model_homes[model] / model, self.model_config_name)
+        ]
+
+    def _stub_root(self) -> Path:
+        # The supervisor keeps tritonserver's stub children whose model file lies under one
+        # directory. With several repositories their common ancestor holds every one; it admits
+        # no foreign stub: only this server's children are considered, and Triton refuses a
+        # model name found in two repositories.
+        return Path(os.path.commonpath(self.model_repositories))
+
+    def _start_supervisor(self) -> None:
+        if not self.supervise:
+            return
+        supervised = self.supervised_models()
+        self.supervisor = StageSupervisor(
+            self.process.pid,
+            self._stub_root(),
+            supervised,
+            reload=self.reload_model,
+            is_loaded=lambda model: self._http_ok(f"/v2/models/{model}/ready"),
+            on_dead=self._on_dead_stage,
+            followers={self.public_model: [m for m in supervised if m != self.public_model]},
+        ).start()
+
+    def _start_front(self) -> None:
+        home = self.model_homes.get(self.public_model)
+        if home is None:
+            raise ServerError(f"public model {self.public_model!r} is not among the models loaded")
+        config_file = model_config_file(home / self.public_model, self.model_config_name)
+        self.front = Front(
+            FrontConfig(
+                host=self.host,
+                http_port=self.http_port,
+                grpc_port=self.grpc_port,
+                upstream_http=f"127.0.0.1:{self.internal_http_port}",
+                upstream_grpc=f"127.0.0.1:{self.internal_grpc_port}",
+                front_key=self.keys.front_key,
+                admin_key=self.keys.operator_admin_key,
+                public_models=(self.public_model,),
+                generate_schema=generate_schema_from_config(config_file.read_text()),
+                max_body_bytes=self.max_body_bytes,
+                ready=self.supervisor.ready if self.supervisor is not None else None,
+            )
+        ).start()
+        self.http_port, self.grpc_port = self.front.http_port, self.front.grpc_port
+
+    def _on_dead_stage(self, model: str) -> None:
+        # A decoupled request whose stub died is never answered (Triton 2.51): end those
+        # streams at the front with an error instead of leaving the clients waiting.
+        if model == self.public_model and self.front is not None:
+            self.front.abort_inference(f"the {model} stage restarted; the request was lost, retry")
+
+    def reload_model(self, model: str) -> None:
+        """Unload then load `model` (a plain load of an unchanged model does nothing in 2.51)."""
+        self.repository_action(model, "unload")
+        self.repository_action(model, "load")
+
+    def wait_ready(self) -> None:
+        """Poll until the server and every model answer ready; raise ServerError otherwise."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        pending = ["/v2/health/ready"] + [f"/v2/models/{m}/ready" for m in self.models]
+        while pending:
+            code = self.process.poll() if self.process is not None else -1
+            if code is not None:
+                raise ServerError(
+                    f"tritonserver exited with code {code} before it was ready "
+                    "(its log says which model failed and why)"
+                )
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    f"tritonserver not ready after {self.ready_timeout_s:.0f} s "
+                    f"(still waiting for {pending[0]})"
+                )
+            if self._http_ok(pending[0]):
+                pending.pop(0)
+            else:
+                time.sleep(0.25)
+
+    def _http_ok(self, path: str) -> bool:
+        try:
+            with urllib.request.urlopen(self.internal_http_url + path, timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def repository_action(self, model: str, action: str) -> None:
+        """POST `load` or `unload` for `model` to the repository API; ServerError on failure."""
+        url = f"{self.internal_http_url}/v2/repository/models/{model}/{action}"
+        request = urllib.request.Request(
+            url,
+            data=json.dumps({}).encode(),
+            headers={ADMIN_KEY_HEADER: self.keys.admin_key},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.ready_timeout_s) as response:
+                response.read()
+        except urllib.error.HTTPError as err:
+            raise ServerError(f"{action} {model}: {err.code} {err.read().decode()}") from None
+
+    def stop(self) -> int | None:
+        """Stop the server (SIGTERM, then SIGKILL to its process group); return its exit code.
+
+        Always ends with SIGKILL to the whole process group (the stubs too), even when the
+        graceful wait is cut short. Called in the main thread, it holds SIGINT/SIGTERM for its
+        duration: the first is noted, the next kills the group at once (ending the wait). A
+        handler that raised here would abandon the stop half-way, leaving the server serving.
+        """
+        process: subprocess.Popen | None = None
+        code = None
+        noted: list[str] = []
+
+        def say(text: str) -> None:
+            # os.write, not print: a handler may run in the middle of a print to stderr
+            with contextlib.suppress(OSError):
+                os.write(2, f"avspec: {text}\n".encode())
+
+        def note(signum: int, frame: object) -> None:
+            noted.append(signal.Signals(signum).name)
+            if len(noted) == 1:
+                say(f"{noted[-1]} while stopping: noted; one more kills the server at once")
+            elif process is not None:
+                say(f"{noted[-1]} while stopping: killing the server's process group")
+                self._kill_group(process.pid)
+
+        previous = {}
+        with contextlib.suppress(ValueError):  # not the main thread: no handler runs here anyway
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                previous[signum] = signal.signal(signum, note)
+        try:
+            # taken first thing in the try: whatever fails below, `finally` kills its group (a
+            # signal raising before the try leaves self.process set, for the next stop())
+            process, self.process = self.process, None
+            for part in (self.front, self.supervisor):
+                if part is not None:
+                    part.stop()
+            self.front = self.supervisor = None
+            if process is not None:
+                code = process.poll()
+                if code is None:
+                    process.send_signal(signal.SIGTERM)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        code = process.wait(timeout=self.exit_timeout_s + 10)
+        finally:
+            if process is not None:
+                self._kill_group(process.pid)
+                if code is None:
+                    code = process.wait()
+            if self._workdir is not None:
+                self._workdir.cleanup()
+                self._workdir = None
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return code
+
+    @staticmethod
+    def _kill_group(pgid: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
