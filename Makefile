@@ -19,6 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Every server-free test (tests/unit); `make test` adds tests/serving, which starts the real server.
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
@@ -42,19 +43,19 @@ serve: $(STAMP)
 
 # Retrain the default draft/target pair + MODEL_CARD.md (reproducible from seed and steps; ~40 min).
 models: $(STAMP)
-	$(PY) -m avspec.training --out models --seed 0 --draft-steps 1500 --target-steps 800
+	$(PY) -m avspec.tools.training --out models --seed 0 --draft-steps 1500 --target-steps 800
 
 .PHONY: trtllm-checkpoint
 # The target as a TensorRT-LLM checkpoint (docs/gpu.md); runs here. Building the engine from it
 # needs TensorRT-LLM: add --build ENGINE_DIR where trtllm-build exists (the NGC trtllm container).
 TRTLLM_CHECKPOINT ?= build/trtllm/target
 trtllm-checkpoint: $(STAMP)
-	$(PY) -m avspec.trtllm_checkpoint models/target --out $(TRTLLM_CHECKPOINT) --dtype float16 --force
+	$(PY) -m avspec.trtllm.checkpoint models/target --out $(TRTLLM_CHECKPOINT) --dtype float16 --force
 
 .PHONY: workloads
 # Rebuild the prompt sets (code, prose, high_entropy) from the held-out split.
 workloads: $(STAMP)
-	$(PY) -m avspec.workloads --out workloads
+	$(PY) -m avspec.tools.workloads --out workloads
 
 # Reduced serving benchmark (docs/benchmarks.md): starts its own server on free ports; workloads
 # code and high_entropy, concurrency 1/4/16/64, arms none/k2/k4/k8/av8; ~8 min on 2 CPU cores.

@@ -4,7 +4,7 @@
 Runs the same greedy requests (same models, same K, every draft verified: AV off, so that the
 estimator's state, fresh in-process and warm-started in the server, cannot change the work a
 step does) two ways, side by side in one run, at each concurrency:
-  - in-process: avspec.scheduler.Scheduler driving avspec.speculative_step.SpeculativeStep;
+  - in-process: avspec.engine.scheduler.Scheduler driving avspec.engine.step.SpeculativeStep;
   - Triton: the `speculative` entry model of a real server (HTTP /generate, one thread per
     request), whose scheduler makes one BLS call of the `speculative_step` ensemble per step.
 Step time = wall time / decode steps (the server's steps are read from av_step_batch_size_count).
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from avspec.scheduler import GenerationRequest, Scheduler
+from avspec.engine.scheduler import GenerationRequest, Scheduler
+from avspec.engine.step import SpeculativeStep
+from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.serving.adapters import load_cost_tables
 from avspec.serving.metrics import metric_value, parse_metrics
 from avspec.serving.server_process import ServerProcess
-from avspec.speculative_step import SpeculativeStep
-from avspec.tokenizer import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 

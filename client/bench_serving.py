@@ -5,7 +5,7 @@ adaptive verification on); `default` = none, k1..kKmax, avKmax. Each user is a c
 request as soon as its previous one ends) on one streaming gRPC connection; one response per
 decode step gives TTFT and inter-token latency. For each workload and concurrency the arms run
 in `--rounds` rounds, the arm order rotated every round, so drift hits every arm alike.
-Statistics and the frontier are defined in avspec.frontier (and docs/benchmarks.md).
+Statistics and the frontier are defined in avspec.tools.frontier (and docs/benchmarks.md).
 
 Writes to --out: points.json (config, every point, goals), points.csv, frontier_<workload>.png
 (throughput vs interactivity, AV highlighted), summary.txt (arms on the frontier per
@@ -35,7 +35,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tqdm import tqdm
 
-from avspec.frontier import (
+from avspec.tools.frontier import (
     X_KEY,
     Y_KEY,
     RequestRecord,

@@ -16,12 +16,12 @@ import sys
 
 import torch
 
+from avspec.av.cost_table import CostTable
+from avspec.av.estimator import AcceptanceEstimator
+from avspec.av.features import logit_qmax
+from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
-from avspec.cost_table import CostTable
-from avspec.estimator import AcceptanceEstimator
-from avspec.features import logit_qmax
-from avspec.profiler import median_ms
-from avspec.verifier import AdaptiveVerifier
+from avspec.tools.profiler import median_ms
 
 
 def bench(batch: int, k: int, vocab: int, device: str, repeats: int, check_values: bool) -> dict:

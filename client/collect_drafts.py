@@ -30,18 +30,17 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from avspec.av.estimator import AcceptanceEstimator
+from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
-from avspec.draft_stage import DraftOutput, DraftStage
-from avspec.estimator import AcceptanceEstimator
-from avspec.features_zoo import ZOO_FEATURES, feature_zoo
-from avspec.kv_cache import KVCache
-from avspec.model_dir import load_model_dir
-from avspec.scheduler import GenerationRequest, Scheduler
+from avspec.contract import StepInputs, StepOutputs, base_tokens
+from avspec.engine.draft_stage import DraftOutput, DraftStage
+from avspec.engine.scheduler import GenerationRequest, Scheduler
+from avspec.engine.target_stage import TargetStage
+from avspec.runtime.model_dir import load_model_dir
+from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.serving.adapters import load_cost_tables
-from avspec.speculative_step import StepInputs, StepOutputs
-from avspec.target_stage import TargetStage
-from avspec.tokenizer import ByteTokenizer
-from avspec.verifier import AdaptiveVerifier
+from avspec.tools.features_zoo import ZOO_FEATURES, feature_zoo
 
 WORKLOADS = ("code", "prose", "high_entropy")
 
@@ -73,7 +72,7 @@ class RecordingStep:
 
     def __call__(self, inputs: StepInputs) -> StepOutputs:
         drafted = self.draft(inputs)
-        base_tokens = int((inputs.input_lengths - inputs.reusable).sum())
+        pending = base_tokens(inputs.input_lengths, inputs.reusable)
         decision = self.verifier.step(
             seq_ids=inputs.seq_ids,
             features=drafted.draft_features,
@@ -81,12 +80,12 @@ class RecordingStep:
             adaptive=inputs.adaptive,
             prev_num_accepted=inputs.prev_num_accepted,
             release_seq_ids=inputs.release_seq_ids,
-            base_tokens=base_tokens,
+            base_tokens=pending,
         )
         refits = self.verifier.estimator.num_refits  # refits behind this step's predictions
         out = self.target(inputs, drafted.draft_tokens, drafted.draft_probs, decision.num_verify)
         if inputs.batch_size:
-            self._append(inputs, drafted, decision.confidences, out, base_tokens, refits)
+            self._append(inputs, drafted, decision.confidences, out, pending, refits)
         return out
 
     def _append(self, inputs, drafted, confidences, out, base_tokens, refits) -> None:  # noqa: ANN001
@@ -113,7 +112,7 @@ def build_step(args: argparse.Namespace) -> RecordingStep:
     k, sequences = args.k, args.concurrency + 1
 
     def cache(model):  # noqa: ANN001, ANN202
-        return KVCache(model.config, sequences, args.max_length, "cpu", torch.float32)
+        return model.new_cache(sequences, args.max_length, "cpu", torch.float32)
 
     draft_cost, verify_cost = load_cost_tables(args.cost_tables)
     config = EstimatorConfig(num_positions=k, refit_interval=args.refit_interval)

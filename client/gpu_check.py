@@ -8,7 +8,7 @@ Three checks, one call (a few minutes on a GPU; plain torch with CUDA, no Tensor
    raises, and the check prints the avspec frames that caused it and fails.
 2. verifier throughput: median ms per verifier step at --batch (default 64) and K drafts.
 3. pipeline throughput: the in-process speculative step (draft -> verifier -> target stand-in,
-   avspec.speculative_step) on random-weight models at --batch, in tokens/s.
+   avspec.engine.step) on random-weight models at --batch, in tokens/s.
 
 Without CUDA (or with --device cpu) the same code runs on the CPU and the sync check is skipped
 with a message saying so. Exit status 0 when every check that ran passed, 1 otherwise.
@@ -29,13 +29,14 @@ from pathlib import Path
 
 import torch
 
+from avspec.av.cost_table import CostTable
+from avspec.av.estimator import AcceptanceEstimator
+from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
-from avspec.cost_table import CostTable
-from avspec.estimator import AcceptanceEstimator
-from avspec.profiler import median_ms, synchronize
-from avspec.speculative_step import SpeculativeStep, StepInputs
-from avspec.transformer import Transformer, TransformerConfig, init_weights
-from avspec.verifier import AdaptiveVerifier
+from avspec.contract import StepInputs
+from avspec.engine.step import SpeculativeStep
+from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
+from avspec.tools.profiler import median_ms, synchronize
 
 
 def pick_device(requested: str) -> torch.device:

@@ -2,7 +2,7 @@
 
 The verifier's budget (spec section 4) divides expected tokens by measured cost:
 draft_cost[batch size] + verify_cost[target tokens]. This script times the real draft and
-target stages (avspec.profiler) and writes
+target stages (avspec.tools.profiler) and writes
 
     {"draft_cost": {"sizes": [...], "millis": [...]},
      "verify_cost": {"sizes": [...], "millis": [...]}, "device": ..., "date": ..., ...}
@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from avspec.profiler import CostPoints, profile_draft_cost, profile_verify_cost
-from avspec.transformer import Transformer, TransformerConfig, init_weights
+from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
+from avspec.tools.profiler import CostPoints, profile_draft_cost, profile_verify_cost
 
 RANDOM_TARGET = TransformerConfig(num_layers=4, width=256, num_heads=4)
 RANDOM_DRAFT = TransformerConfig(num_layers=1, width=96, num_heads=4)
@@ -69,7 +69,7 @@ def load_pair(args: argparse.Namespace) -> tuple[Transformer, Transformer, str]:
             init_weights(model, torch.Generator().manual_seed(seed))
             models.append(model.to(args.device).eval())
         return models[0], models[1], "random-weight pair (target 4x256, draft 1x96)"
-    from avspec.model_dir import load_model_dir
+    from avspec.runtime.model_dir import load_model_dir
 
     target, _ = load_model_dir(args.target_dir, args.device)
     draft, _ = load_model_dir(args.draft_dir, args.device)

@@ -39,7 +39,7 @@ from pathlib import Path
 from bench_overhead import generate_concurrently
 from tqdm import tqdm
 
-from avspec.cost_table import CostTable
+from avspec.av.cost_table import CostTable
 from avspec.serving.metrics import metric_value, parse_metrics
 
 ROOT = Path(__file__).resolve().parent.parent

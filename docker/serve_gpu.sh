@@ -19,7 +19,7 @@ ENGINE_DIR="$(value engine_dir)"
 if [[ ! -f "${ENGINE_DIR}/rank0.engine" ]]; then
     # First start: export models/target as a TensorRT-LLM checkpoint and build it (minutes).
     echo "no engine in ${ENGINE_DIR}: building one from ${ROOT}/models/target"
-    python3 -m avspec.trtllm_checkpoint "${ROOT}/models/target" --out /tmp/avspec_checkpoint \
+    python3 -m avspec.trtllm.checkpoint "${ROOT}/models/target" --out /tmp/avspec_checkpoint \
         --force --dtype float16 --build "${ENGINE_DIR}" \
         --max-batch-size "$(value triton_max_batch_size)" --max-seq-len "$(value max_seq_len)"
 fi

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from clients import GrpcStream
+from helpers.clients import GrpcStream
 
 from avspec.serving.repository import EntryParams
 from avspec.serving.server_process import ServerProcess

@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from client_scripts import load_client_script
+from helpers.client_scripts import load_client_script
 
 
 def test_bench_serving_tiny_sweep(server, tmp_path: Path):

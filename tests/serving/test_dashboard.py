@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
-from clients import http_generate
-from conftest import scrape
+from helpers import ROOT
+from helpers.clients import http_generate
+from helpers.server import scrape
 
 from avspec.serving.server_process import ServerProcess
 
-DASHBOARD = (
-    Path(__file__).resolve().parents[2]
-    / "docker"
-    / "grafana"
-    / "dashboards"
-    / "adaptive_verification.json"
-)
+DASHBOARD = ROOT / "docker" / "grafana" / "dashboards" / "adaptive_verification.json"
 METRIC = re.compile(r"\b((?:av|nv)_[a-z_]+)\b")
 
 

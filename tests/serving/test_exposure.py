@@ -14,8 +14,8 @@ import urllib.request
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from clients import GrpcStream, http_generate, post_json
-from conftest import ADMIN_KEY
+from helpers.clients import GrpcStream, http_generate, post_json
+from helpers.server import ADMIN_KEY
 
 from avspec.serving.server_process import ServerProcess
 

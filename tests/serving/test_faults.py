@@ -16,8 +16,8 @@ import urllib.error
 import urllib.request
 
 import pytest
-from clients import GrpcStream, http_generate
-from conftest import all_freed, wait_for
+from helpers.clients import GrpcStream, http_generate
+from helpers.server import all_freed, wait_for
 
 from avspec.serving.server_process import ServerProcess
 from avspec.serving.supervisor import find_stubs

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-from client_scripts import load_client_script
+from helpers.client_scripts import load_client_script
 
 from avspec.serving.adapters import load_cost_tables
 
@@ -42,18 +41,3 @@ def test_cost_tables_from_triton_metrics(server, tmp_path: Path):
     draft_cost, verify_cost = load_cost_tables(out)
     assert len(draft_cost.sizes) >= 1 and len(verify_cost.sizes) >= 2
     assert document["max_draft_tokens"] == 4
-
-
-def test_unreachable_server_is_a_clear_error(tmp_path: Path, capsys):
-    rc = profiler().main([
-        "--http-url", "http://127.0.0.1:9", "--metrics-url", "http://127.0.0.1:9/metrics",
-        "--concurrency", "1", "--draft-tokens", "2", "--out", str(tmp_path / "c.json"),
-    ])  # fmt: skip
-    assert rc == 2 and "error:" in capsys.readouterr().err
-    assert not (tmp_path / "c.json").exists()
-
-
-@pytest.mark.parametrize("bad", [["--concurrency", "0"], ["--draft-tokens", "a,b"]])
-def test_bad_arguments(tmp_path: Path, bad: list[str]):
-    with pytest.raises(SystemExit):
-        profiler().main([*bad, "--out", str(tmp_path / "c")])

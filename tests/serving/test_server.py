@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import tritonclient.http as httpclient
-from clients import (
+from helpers.clients import (
     GrpcStream,
     grpc_generate,
     http_generate,
@@ -19,7 +19,7 @@ from clients import (
     post_json,
     tritonclient_http_generate,
 )
-from conftest import ADMIN_KEY, K, all_freed, scrape, wait_for
+from helpers.server import ADMIN_KEY, K, all_freed, scrape, wait_for
 from tritonclient.utils import InferenceServerException
 
 from avspec.serving.metrics import metric_value

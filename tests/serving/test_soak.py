@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from client_scripts import load_client_script
-from conftest import MAX_LENGTH
+from helpers.client_scripts import load_client_script
+from helpers.server import MAX_LENGTH
 
 
 def _python_models(repository: Path) -> set[str]:

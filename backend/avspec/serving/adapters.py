@@ -17,9 +17,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from avspec.av.cost_table import CostTable
+from avspec.av.estimator import AcceptanceEstimator, accepted_counts
+from avspec.av.snapshot import SnapshotError, load_snapshot, move_aside, save_snapshot
+from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
-from avspec.cost_table import CostTable
-from avspec.estimator import AcceptanceEstimator, accepted_counts
+from avspec.contract import base_tokens
+from avspec.engine.draft_stage import DraftStage
+from avspec.engine.target_stage import TargetStage
+from avspec.runtime.model_dir import load_model_dir
 from avspec.serving.repository import (
     StageParams,
     VerifierParams,
@@ -71,8 +77,6 @@ def load_estimator(
     from the configured values: left in place, a bad file would be read again on every restart
     until a save replaced it, and a state that cannot be saved (inf slope) never would be.
     """
-    from avspec.snapshot import SnapshotError, load_snapshot, move_aside
-
     if snapshot is None or not snapshot.is_file():
         return AcceptanceEstimator(config, device)
     try:
@@ -98,18 +102,12 @@ class StageAdapter:
     """The draft or target stage behind a Triton model: KV cache + model + stage object."""
 
     def __init__(self, kind: str, params: StageParams, root: Path) -> None:
-        from avspec.draft_stage import DraftStage
-        from avspec.kv_cache import KVCache
-        from avspec.model_dir import load_model_dir
-        from avspec.target_stage import TargetStage
-
         stages = {"draft": DraftStage, "target": TargetStage}
         if kind not in stages:
             raise ValueError(f"stage kind must be one of {sorted(stages)}, got {kind!r}")
         self.kind = kind
         model, _ = load_model_dir(resolve_path(root, params.model_dir), params.device)
-        dtype = next(model.parameters()).dtype
-        cache = KVCache(model.config, params.max_sequences, params.max_length, params.device, dtype)
+        cache = model.new_cache(params.max_sequences, params.max_length, params.device)
         self.stage = stages[kind](
             model, cache, params.max_draft_tokens, idle_timeout_s=params.idle_timeout_s
         )
@@ -157,8 +155,6 @@ class VerifierAdapter:
     """The adaptive verifier behind a Triton model, with warm start and per-step stats."""
 
     def __init__(self, config: EstimatorConfig, params: VerifierParams, root: Path) -> None:
-        from avspec.verifier import AdaptiveVerifier
-
         self.config = config
         self.snapshot = resolve_path(root, params.snapshot_path) if params.snapshot_path else None
         costs = resolve_path(root, params.cost_tables) if params.cost_tables else None
@@ -174,8 +170,6 @@ class VerifierAdapter:
             array = np.ascontiguousarray(arrays[name], dtype=dtype)
             return torch.from_numpy(array).to(self.device)
 
-        input_lengths = np.asarray(arrays["input_lengths"], dtype=np.int64)
-        reusable = np.asarray(arrays["reusable"], dtype=np.int64)
         prev_num_accepted = tensor("prev_num_accepted", np.int32)
         refits = self.estimator.num_refits
         decision = self.verifier.step(
@@ -185,7 +179,10 @@ class VerifierAdapter:
             adaptive=tensor("adaptive", np.bool_),
             prev_num_accepted=prev_num_accepted,
             release_seq_ids=tensor("release_seq_ids", np.int64),
-            base_tokens=int((input_lengths - reusable).sum()),
+            base_tokens=base_tokens(
+                np.asarray(arrays["input_lengths"], dtype=np.int64),
+                np.asarray(arrays["reusable"], dtype=np.int64),
+            ),
         )
         refitted = self.estimator.num_refits != refits
         if refitted:
@@ -210,8 +207,6 @@ class VerifierAdapter:
         """Write the warm-start snapshot (no-op without snapshot_path); failures are logged."""
         if self.snapshot is None:
             return
-        from avspec.snapshot import save_snapshot
-
         try:
             self.snapshot.parent.mkdir(parents=True, exist_ok=True)
             save_snapshot(self.estimator, self.snapshot)

@@ -9,7 +9,7 @@ tensors and leave each one on the device it lives on:
   the host by design, and the verifier matches sequences by id on the host);
 - drafts, draft probabilities, features and num_verify live on the GPU between models.
 
-`TrtllmTargetAdapter` is the fan-out / gather of the TensorRT-LLM target (avspec.trtllm_request);
+`TrtllmTargetAdapter` is the fan-out / gather of the TensorRT-LLM target (avspec.trtllm.request);
 its model.py only sends the requests and collects the answers.
 """
 
@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from avspec.estimator import accepted_counts
+from avspec.av.estimator import accepted_counts
+from avspec.contract import StepInputs, base_tokens
 from avspec.serving.adapters import VerifierAdapter, VerifierStepStats
 from avspec.serving.repository import STEP_INPUT_DTYPES
-from avspec.speculative_step import StepInputs
-from avspec.trtllm_request import (
+from avspec.trtllm.request import (
     ContextLedger,
     TargetRequest,
     build_requests,
@@ -102,8 +102,6 @@ def run_verifier(
     def on_device(name: str, dtype: torch.dtype) -> torch.Tensor:
         return tensors[name].to(device=device, dtype=dtype)
 
-    input_lengths = tensors["input_lengths"].cpu().long()
-    reusable = tensors["reusable"].cpu().long()
     prev_num_accepted = on_device("prev_num_accepted", torch.int32)
     refits = adapter.estimator.num_refits
     decision = adapter.verifier.step(
@@ -113,7 +111,7 @@ def run_verifier(
         adaptive=on_device("adaptive", torch.bool),
         prev_num_accepted=prev_num_accepted,
         release_seq_ids=tensors["release_seq_ids"].cpu().long(),
-        base_tokens=int((input_lengths - reusable).sum()),
+        base_tokens=base_tokens(tensors["input_lengths"].cpu(), tensors["reusable"].cpu()),
     )
     refitted = adapter.estimator.num_refits != refits
     if refitted:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from avspec.config import EstimatorConfig, from_parameters
-from avspec.speculative_step import StepInputs, StepOutputs
+from avspec.contract import StepInputs, StepOutputs
 
 T = TypeVar("T")
 

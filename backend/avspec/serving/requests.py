@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from avspec.scheduler import MAX_TEMPERATURE, GenerationRequest, StepReport
+from avspec.engine.scheduler import MAX_TEMPERATURE, GenerationRequest, StepReport
+from avspec.runtime.tokenizer import ByteTokenizer, IncrementalDecoder
 from avspec.serving.repository import EntryParams
-from avspec.tokenizer import ByteTokenizer, IncrementalDecoder
 
 _SEED_RANGE = 1 << 63  # seeds travel as int64
 _INT32_MAX = (1 << 31) - 1

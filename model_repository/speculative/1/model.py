@@ -1,6 +1,6 @@
 """Entry point: text in, text out (decoupled), with in-flight batching of all live requests.
 
-execute() only validates and submits each request to one avspec.scheduler.Scheduler; its
+execute() only validates and submits each request to one avspec.engine.scheduler.Scheduler; its
 background thread runs one BLS call of the `speculative_step` ensemble per decode step for the
 whole batch and sends each request's responses (avspec.serving.requests.ResponseStream). A full
 wait queue answers UNAVAILABLE (HTTP 503), so the client retries later.
@@ -12,7 +12,8 @@ import secrets
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from avspec.scheduler import Overloaded, Scheduler
+from avspec.engine.scheduler import Overloaded, Scheduler
+from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.serving import repository
 from avspec.serving.metrics import LIVE_SEQUENCES
 from avspec.serving.requests import (
@@ -21,7 +22,6 @@ from avspec.serving.requests import (
     parse_client,
     parse_generation_inputs,
 )
-from avspec.tokenizer import ByteTokenizer
 
 
 class TritonPythonModel:

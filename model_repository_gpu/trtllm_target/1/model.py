@@ -26,7 +26,7 @@ from avspec.serving.triton_model import (
     output_tensors,
     respond_each_async,
 )
-from avspec.trtllm_request import TRTLLM_OUTPUTS
+from avspec.trtllm.request import TRTLLM_OUTPUTS
 
 STAGE = "target"
 

@@ -1,0 +1,1 @@
+"""The adaptive-verification algorithm: feature, estimator and refit, survival, budget, verifier."""

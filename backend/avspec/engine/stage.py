@@ -1,0 +1,138 @@
+"""Per-sequence state both stages keep: a KV cache slot, a torch.Generator, a last-seen time.
+
+`SequenceSlots` applies the cache rule of the step contract (docs/architecture.md): release the
+step's `release_seq_ids`, free sequences idle past `idle_timeout_s`, then for each sequence keep
+`min(cached_length, start + reusable)` cached positions (allocating new ones) and report which
+`input_ids` still have to run through the model.
+
+Generators are seeded from `random_seed ^ salt` whenever a sequence takes its first step
+(start == 0), so a replayed first step draws the same numbers and each stage (draft, target) owns
+a separate stream. A sequence's draws never depend on which other sequences share its batch.
+
+`ModelStage` is the state both stage classes build the same way (model, K, slots).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Sequence
+
+import torch
+
+from avspec.contract import HostStep
+from avspec.runtime.kv_cache import KVCache
+from avspec.runtime.transformer import Transformer
+
+DRAFT_SALT = 0
+TARGET_SALT = 0x5DEECE66D_2545F491
+_SEED_MASK = (1 << 63) - 1
+
+
+class SequenceSlots:
+    """KV cache slots, generators and idle sweep for the sequences one stage has seen."""
+
+    def __init__(
+        self,
+        cache: KVCache,
+        device: torch.device | str,
+        salt: int,
+        idle_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if idle_timeout_s is not None and idle_timeout_s <= 0:
+            raise ValueError(f"idle_timeout_s must be positive or None, got {idle_timeout_s}")
+        self.cache = cache
+        self.device = torch.device(device)
+        self.salt = salt
+        self.idle_timeout_s = idle_timeout_s
+        self.clock = clock
+        self._generators: dict[int, torch.Generator] = {}
+        self._last_seen: dict[int, float] = {}
+
+    def release(self, seq_ids: Sequence[int]) -> None:
+        """Free the cache slot and generator of each id; unknown ids are ignored."""
+        for seq_id in seq_ids:
+            if self.cache.has(seq_id):
+                self.cache.free(seq_id)
+            self._generators.pop(seq_id, None)
+            self._last_seen.pop(seq_id, None)
+
+    def sweep_idle(self, keep: Collection[int] = ()) -> list[int]:
+        """Free sequences not seen for `idle_timeout_s`, except `keep`; return their ids."""
+        if self.idle_timeout_s is None:
+            return []
+        now = self.clock()
+        stale = [
+            s for s, t in self._last_seen.items() if now - t > self.idle_timeout_s and s not in keep
+        ]
+        self.release(stale)
+        return stale
+
+    def prepare(self, step: HostStep) -> list[int]:
+        """Apply the cache rule to every sequence; return the offset of its first input to run.
+
+        Row r must then run input_ids[r, offset[r]:input_lengths[r]] through the model.
+        Raises ValueError for a continuing sequence (start > 0) this stage does not hold, e.g.
+        one released or freed by the idle sweep.
+        """
+        self.release(step.release_seq_ids)
+        self.sweep_idle(keep=set(step.seq_ids))
+        now = self.clock()
+        offsets = []
+        for seq_id, start, reusable, seed in zip(
+            step.seq_ids, step.start_positions, step.reusable, step.random_seed, strict=True
+        ):
+            if start == 0:
+                self._seed(seq_id, seed)
+                if not self.cache.has(seq_id):
+                    self.cache.allocate(seq_id)
+            elif not self.cache.has(seq_id) or seq_id not in self._generators:
+                raise ValueError(
+                    f"sequence {seq_id} continues at position {start} but holds no cache here "
+                    "(released, timed out or never started)"
+                )
+            keep = min(self.cache.length(seq_id), start + reusable)
+            if keep < start:
+                raise ValueError(
+                    f"sequence {seq_id}: cache holds {keep} positions, fewer than start {start}"
+                )
+            self.cache.rollback(seq_id, keep)
+            self._last_seen[seq_id] = now
+            offsets.append(keep - start)
+        return offsets
+
+    def generators(self, seq_ids: Sequence[int]) -> list[torch.Generator]:
+        """The generators of `seq_ids`, in order (each sequence must have been prepared)."""
+        return [self._generators[s] for s in seq_ids]
+
+    def _seed(self, seq_id: int, seed: int) -> None:
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed((seed ^ self.salt) & _SEED_MASK)
+        self._generators[seq_id] = generator
+
+
+class ModelStage:
+    """Base of the draft and target stages: a model, K, and its `SequenceSlots` salted by SALT."""
+
+    SALT: int
+
+    def __init__(
+        self,
+        model: Transformer,
+        cache: KVCache,
+        max_draft_tokens: int,
+        idle_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        check_values: bool = True,
+    ) -> None:
+        if max_draft_tokens < 1:
+            raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
+        self.model = model
+        self.max_draft_tokens = max_draft_tokens
+        self.device = next(model.parameters()).device
+        self.check_values = check_values
+        self.slots = SequenceSlots(cache, self.device, self.SALT, idle_timeout_s, clock)
+
+    @property
+    def cache(self) -> KVCache:
+        return self.slots.cache

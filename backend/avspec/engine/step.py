@@ -1,0 +1,108 @@
+"""The in-process speculative step: draft -> adaptive verifier -> target, one call per step.
+
+`SpeculativeStep` takes and returns the step contract (`avspec.contract`) like the Triton
+ensemble of the draft, verifier and target models, so the scheduler drives either one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from avspec.av.cost_table import CostTable
+from avspec.av.estimator import AcceptanceEstimator
+from avspec.av.verifier import AdaptiveVerifier
+from avspec.config import EstimatorConfig
+from avspec.contract import StepInputs, StepOutputs, base_tokens
+from avspec.engine.draft_stage import DraftStage
+from avspec.engine.target_stage import TargetStage
+from avspec.runtime.model_dir import load_model_dir
+from avspec.runtime.transformer import Transformer
+
+
+class SpeculativeStep:
+    """One in-process speculative decode step: draft -> adaptive verifier -> target."""
+
+    def __init__(self, draft: DraftStage, verifier: AdaptiveVerifier, target: TargetStage) -> None:
+        if draft.max_draft_tokens != target.max_draft_tokens:
+            raise ValueError(
+                f"draft drafts {draft.max_draft_tokens} tokens, target verifies "
+                f"{target.max_draft_tokens}"
+            )
+        self.draft = draft
+        self.verifier = verifier
+        self.target = target
+
+    @property
+    def max_draft_tokens(self) -> int:
+        return self.draft.max_draft_tokens
+
+    def __call__(self, inputs: StepInputs) -> StepOutputs:
+        """Run one step for the whole batch; returns the target's outputs."""
+        drafted = self.draft(inputs)
+        device = drafted.draft_features.device
+        # seq ids stay on the host: the verifier matches rows by id there anyway.
+        decision = self.verifier.step(
+            seq_ids=inputs.seq_ids,
+            features=drafted.draft_features,
+            num_draft_tokens=inputs.num_draft_tokens.to(device),
+            adaptive=inputs.adaptive.to(device),
+            prev_num_accepted=inputs.prev_num_accepted.to(device),
+            release_seq_ids=inputs.release_seq_ids,
+            base_tokens=base_tokens(inputs.input_lengths, inputs.reusable),
+        )
+        return self.target(inputs, drafted.draft_tokens, drafted.draft_probs, decision.num_verify)
+
+    @classmethod
+    def from_model_dirs(
+        cls,
+        target_dir: str | Path,
+        draft_dir: str | Path,
+        max_draft_tokens: int,
+        max_sequences: int,
+        max_length: int,
+        device: torch.device | str = "cpu",
+        draft_cost: CostTable | None = None,
+        verify_cost: CostTable | None = None,
+    ) -> SpeculativeStep:
+        """Load both models and build a step (default cost tables: linear, target 10x draft)."""
+        target_model, _ = load_model_dir(target_dir, device)
+        draft_model, _ = load_model_dir(draft_dir, device)
+        return cls.from_models(
+            target_model, draft_model, max_draft_tokens, max_sequences, max_length, device,
+            draft_cost, verify_cost,
+        )  # fmt: skip
+
+    @classmethod
+    def from_models(
+        cls,
+        target_model: Transformer,
+        draft_model: Transformer,
+        max_draft_tokens: int,
+        max_sequences: int,
+        max_length: int,
+        device: torch.device | str = "cpu",
+        draft_cost: CostTable | None = None,
+        verify_cost: CostTable | None = None,
+    ) -> SpeculativeStep:
+        """Build caches, stages and a fresh estimator around two loaded models."""
+        tokens = max_sequences * (max_length if max_length > 0 else 1)
+        if draft_cost is None:
+            draft_cost = CostTable.linear(1.0, 0.01, max_sequences)
+        if verify_cost is None:
+            verify_cost = CostTable.linear(10.0, 0.1, tokens)
+        estimator = AcceptanceEstimator(EstimatorConfig(num_positions=max_draft_tokens), device)
+        return cls(
+            DraftStage(
+                draft_model,
+                draft_model.new_cache(max_sequences, max_length, device),
+                max_draft_tokens,
+            ),
+            AdaptiveVerifier(estimator, draft_cost, verify_cost),
+            TargetStage(
+                target_model,
+                target_model.new_cache(max_sequences, max_length, device),
+                max_draft_tokens,
+            ),
+        )

@@ -1,0 +1,1 @@
+"""The model runtime: transformer, per-sequence KV cache, tokenizer, model directories."""

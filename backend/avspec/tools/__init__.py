@@ -1,0 +1,1 @@
+"""Tools outside the served path: training, workloads, cost profiling, benchmark statistics."""

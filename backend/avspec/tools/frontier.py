@@ -1,0 +1,300 @@
+"""Serving-benchmark statistics, the throughput/interactivity frontier, and the oracle bound.
+
+Triton-free so that it is unit-tested on constructed inputs; `client/bench_serving.py` feeds it
+timings from the server and `client/eval_estimator.py` recorded drafts.
+
+Definitions (docs/benchmarks.md):
+- output tokens/s: tokens received by all requests of an arm / the arm's wall time;
+- tokens/s per user (interactivity): per request, tokens after the first response divided by
+  the time from the first response to the last; averaged over requests;
+- TTFT: first response carrying tokens - request sent;
+- ITL: each later response's gap since the previous token-carrying response, split evenly over
+  its tokens (one value per token), so a response with 3 tokens after 30 ms gives 3 x 10 ms;
+- a point is on the frontier if no other point of its workload has both at least its tokens/s
+  and at least its tokens/s per user, one of them strictly more.
+
+Oracle bound (spec section 4 cost model): from steps recorded with every draft verified
+(a_r drafts accepted of n_r drafted), with N requests and T tokens the target runs anyway,
+- fixed K: tokens sum(a_r + 1), cost draft(N) + verify(T + sum n_r);
+- oracle (verifies exactly the drafts that will be accepted): tokens sum(a_r + 1), cost
+  draft(N) + verify(T + sum a_r);
+- AV: the verifier (fresh estimator, same budget rule) replayed over the recorded features,
+  each request verifying v_r drafts: tokens sum(min(v_r, a_r) + 1), cost
+  draft(N) + verify(T + sum v_r); its outcome min(v_r, a_r) labels the estimator next step;
+- static trim to k: v_r = min(k, n_r) for every request, same tokens and cost rules as AV.
+Acceptance is sequential, so verifying a prefix of v_r drafts accepts min(v_r, a_r) of them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from avspec.av.cost_table import CostTable
+from avspec.av.estimator import AcceptanceEstimator
+from avspec.av.verifier import AdaptiveVerifier
+from avspec.config import EstimatorConfig
+
+X_KEY, Y_KEY = "tokens_per_s_per_user", "output_tokens_per_s"
+
+
+@dataclass
+class RequestRecord:
+    """Client-side timings of one streamed request (seconds on one monotonic clock)."""
+
+    sent: float
+    chunk_times: list[float] = field(default_factory=list)  # each response with outputs
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens it carried (may be 0)
+    drafted: int = 0
+    verified: int = 0
+    accepted: int = 0
+    error: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100, linear interpolation); NaN for no values."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else math.nan
+
+
+def _token_chunks(record: RequestRecord) -> list[tuple[float, int]]:
+    return [(t, n) for t, n in zip(record.chunk_times, record.chunk_tokens, strict=True) if n > 0]
+
+
+def inter_token_latencies(record: RequestRecord) -> list[float]:
+    """Per-token latencies in seconds after the first token-carrying response (see module doc)."""
+    chunks = _token_chunks(record)
+    out: list[float] = []
+    for (t0, _), (t1, n) in zip(chunks, chunks[1:], strict=False):
+        out += [(t1 - t0) / n] * n
+    return out
+
+
+def time_to_first_token(record: RequestRecord) -> float:
+    """Seconds from sending to the first response carrying tokens; NaN if none did."""
+    chunks = _token_chunks(record)
+    return chunks[0][0] - record.sent if chunks else math.nan
+
+
+def user_rate(record: RequestRecord) -> float:
+    """Tokens/s of one request after its first token; NaN with fewer than two token responses."""
+    chunks = _token_chunks(record)
+    if len(chunks) < 2 or chunks[-1][0] <= chunks[0][0]:
+        return math.nan
+    return sum(n for _, n in chunks[1:]) / (chunks[-1][0] - chunks[0][0])
+
+
+def summarize_arm(records: Sequence[RequestRecord], wall_s: float) -> dict[str, float]:
+    """Per-arm statistics over its requests (failed requests count only in `errors`)."""
+    if wall_s <= 0:
+        raise ValueError(f"wall_s must be > 0, got {wall_s}")
+    ok = [r for r in records if r.error is None]
+    tokens = sum(r.tokens for r in ok)
+    steps = sum(len(r.chunk_times) for r in ok)
+    drafted, verified, accepted = (
+        sum(getattr(r, k) for r in ok) for k in ("drafted", "verified", "accepted")
+    )
+    ttft = [t for t in map(time_to_first_token, ok) if not math.isnan(t)]
+    itl = [x for r in ok for x in inter_token_latencies(r)]
+    rates = [x for x in map(user_rate, ok) if not math.isnan(x)]
+    return {
+        "requests": len(ok),
+        "errors": len(records) - len(ok),
+        "wall_s": wall_s,
+        "output_tokens": tokens,
+        Y_KEY: tokens / wall_s,
+        X_KEY: float(np.mean(rates)) if rates else math.nan,
+        "ttft_ms_median": 1e3 * percentile(ttft, 50),
+        "ttft_ms_p99": 1e3 * percentile(ttft, 99),
+        "itl_ms_median": 1e3 * percentile(itl, 50),
+        "itl_ms_p99": 1e3 * percentile(itl, 99),
+        "steps": steps,
+        "drafted": drafted,
+        "verified": verified,
+        "accepted": accepted,
+        "accepted_per_pass": accepted / steps if steps else math.nan,
+        "tokens_per_pass": tokens / steps if steps else math.nan,
+        "acceptance_rate": accepted / verified if verified else math.nan,
+    }
+
+
+def pareto_mask(xs: Sequence[float], ys: Sequence[float]) -> list[bool]:
+    """True where no other point has x' >= x and y' >= y with one strict (both maximised).
+
+    A point with a NaN coordinate is never on the frontier and dominates nothing.
+    """
+    pts = [(float(x), float(y)) for x, y in zip(xs, ys, strict=True)]
+    mask = []
+    for i, (x, y) in enumerate(pts):
+        if math.isnan(x) or math.isnan(y):
+            mask.append(False)
+            continue
+        dominated = any(
+            j != i and x2 >= x and y2 >= y and (x2 > x or y2 > y)
+            for j, (x2, y2) in enumerate(pts)
+            if not (math.isnan(x2) or math.isnan(y2))
+        )
+        mask.append(not dominated)
+    return mask
+
+
+def mark_frontier(points: list[dict[str, Any]]) -> None:
+    """Set point["on_frontier"] per workload over all its (concurrency, arm) points."""
+    for workload in {p["workload"] for p in points}:
+        group = [p for p in points if p["workload"] == workload]
+        for p, on in zip(
+            group, pareto_mask([p[X_KEY] for p in group], [p[Y_KEY] for p in group]), strict=True
+        ):
+            p["on_frontier"] = on
+
+
+def frontier_by_concurrency(points: list[dict[str, Any]], workload: str) -> dict[int, list[str]]:
+    """{concurrency: arms on the frontier at it}, for points already passed to mark_frontier."""
+    out: dict[int, list[str]] = {}
+    for p in points:
+        if p["workload"] == workload:
+            arms = out.setdefault(int(p["concurrency"]), [])
+            if p.get("on_frontier"):
+                arms.append(p["arm"])
+    return dict(sorted(out.items()))
+
+
+# --- oracle bound ----------------------------------------------------------------------------
+
+
+@dataclass
+class RecordedSteps:
+    """Decode steps recorded with every draft verified; one row per (step, request)."""
+
+    step: np.ndarray  # [rows] int, non-decreasing step index (rows of one step are contiguous)
+    seq_id: np.ndarray  # [rows] int
+    num_draft: np.ndarray  # [rows] int, drafts proposed (all verified)
+    num_accepted: np.ndarray  # [rows] int, 0..num_draft
+    features: np.ndarray  # [rows, position] float, logit(q_max) as served
+    base_tokens: np.ndarray  # [steps] int, T: tokens the target ran anyway, indexed by step
+
+    def __post_init__(self) -> None:
+        rows = self.step.shape[0]
+        for name in ("seq_id", "num_draft", "num_accepted"):
+            if getattr(self, name).shape != (rows,):
+                raise ValueError(
+                    f"{name} must have shape ({rows},), got {getattr(self, name).shape}"
+                )
+        if self.features.ndim != 2 or self.features.shape[0] != rows:
+            raise ValueError(
+                f"features must have shape ({rows}, position), got {self.features.shape}"
+            )
+        if rows and (np.diff(self.step) < 0).any():
+            raise ValueError("step must be non-decreasing")
+        if ((self.num_accepted < 0) | (self.num_accepted > self.num_draft)).any():
+            raise ValueError("num_accepted must lie in 0..num_draft")
+        if (self.num_draft > self.features.shape[1]).any():
+            raise ValueError("num_draft exceeds the feature positions")
+        if rows and self.base_tokens.shape[0] <= int(self.step.max()):
+            raise ValueError("base_tokens must have an entry for every step index")
+
+
+def oracle_bound(
+    recorded: RecordedSteps,
+    draft_cost: CostTable,
+    verify_cost: CostTable,
+    config: EstimatorConfig | None = None,
+    estimator: AcceptanceEstimator | None = None,
+) -> dict[str, Any]:
+    """Tokens, modelled ms and tokens/ms of fixed K, oracle and AV, and AV's share of the gain.
+
+    The AV replay uses `estimator` (e.g. warm-started; it is updated in place) or a fresh one
+    built from `config` (default: the reference starting values, K = positions).
+    "fraction" = (AV - fixed) / (oracle - fixed) in tokens/ms; NaN if the oracle gains nothing.
+    "trim_to_k"[k]: tokens/ms of verifying the first min(k, n_r) drafts of every request (a
+    static trim, same draft cost), k = 0..positions.
+    """
+    positions = recorded.features.shape[1]
+    if estimator is None:
+        estimator = AcceptanceEstimator(config or EstimatorConfig(num_positions=positions))
+    verifier = AdaptiveVerifier(estimator, draft_cost, verify_cost)
+    totals = {arm: [0.0, 0.0] for arm in ("fixed", "oracle", "av")}
+    by_k = [[0.0, 0.0] for _ in range(positions + 1)]
+    prev_ids: list[int] = []
+    prev_outcome = torch.zeros(0, dtype=torch.int32)
+    bounds = np.flatnonzero(np.diff(recorded.step)) + 1
+    for rows in np.split(np.arange(recorded.step.shape[0]), bounds):
+        if rows.size == 0:
+            continue
+        n, a = recorded.num_draft[rows], recorded.num_accepted[rows]
+        base = int(recorded.base_tokens[recorded.step[rows[0]]])
+        ids = [int(i) for i in recorded.seq_id[rows]]
+        draft_ms = float(draft_cost(float(len(rows))))
+        decision = verifier.step(
+            seq_ids=torch.as_tensor(ids, dtype=torch.int64),
+            features=torch.as_tensor(recorded.features[rows], dtype=torch.float32),
+            num_draft_tokens=torch.as_tensor(n, dtype=torch.int32),
+            adaptive=torch.ones(len(rows), dtype=torch.bool),
+            prev_num_accepted=prev_outcome,
+            release_seq_ids=torch.as_tensor(sorted(set(prev_ids) - set(ids)), dtype=torch.int64),
+            base_tokens=base,
+        )
+        v = decision.num_verify.numpy().astype(np.int64)
+        got = np.minimum(v, a)
+        tokens = float((a + 1).sum())
+        for arm, arm_tokens, verified in (
+            ("fixed", tokens, n.sum()),
+            ("oracle", tokens, a.sum()),
+            ("av", float((got + 1).sum()), v.sum()),
+        ):
+            totals[arm][0] += arm_tokens
+            totals[arm][1] += draft_ms + float(verify_cost(float(base + verified)))
+        for k in range(positions + 1):
+            verified_k = np.minimum(n, k)
+            by_k[k][0] += float((np.minimum(verified_k, a) + 1).sum())
+            by_k[k][1] += draft_ms + float(verify_cost(float(base + verified_k.sum())))
+        prev_ids, prev_outcome = ids, torch.as_tensor(got, dtype=torch.int32)
+    out: dict[str, Any] = {
+        arm: {"tokens": t, "ms": ms, "tokens_per_ms": t / ms if ms else math.nan}
+        for arm, (t, ms) in totals.items()
+    }
+    out["trim_to_k"] = [t / ms if ms else math.nan for t, ms in by_k]
+    fixed, oracle, av = (out[k]["tokens_per_ms"] for k in ("fixed", "oracle", "av"))
+    out["av_gain"] = av / fixed - 1 if fixed else math.nan
+    out["oracle_gain"] = oracle / fixed - 1 if fixed else math.nan
+    out["fraction"] = (av - fixed) / (oracle - fixed) if oracle > fixed else math.nan
+    return out
+
+
+def goal_checks(
+    points: list[dict[str, Any]], workload: str, av_arm: str, fixed_arms: Sequence[str]
+) -> dict[str, Any]:
+    """The issue's end-to-end goals for one workload, from points passed to mark_frontier.
+
+    fixed_arms: the fixed-K arms, the last one being fixed Kmax. Returns the AV / fixed Kmax
+    output tokens/s ratio at the highest concurrency, the AV / best fixed K ratio at the lowest,
+    and at how many concurrencies the AV point is on the frontier. Missing arms give NaN.
+    """
+    table = {(p["concurrency"], p["arm"]): p for p in points if p["workload"] == workload}
+    levels = sorted({c for c, _ in table})
+
+    def tps(c: int, arm: str) -> float:
+        return float(table[(c, arm)][Y_KEY]) if (c, arm) in table else math.nan
+
+    low, high = (levels[0], levels[-1]) if levels else (0, 0)
+    best_fixed_low = max((tps(low, a) for a in fixed_arms), default=math.nan)
+    av_on = [c for c in levels if table.get((c, av_arm), {}).get("on_frontier")]
+    return {
+        "high_concurrency": high,
+        "av_over_fixed_kmax_at_high": tps(high, av_arm) / tps(high, fixed_arms[-1])
+        if fixed_arms
+        else math.nan,
+        "low_concurrency": low,
+        "av_over_best_fixed_at_low": tps(low, av_arm) / best_fixed_low,
+        "av_on_frontier": av_on,
+        "av_on_frontier_count": len(av_on),
+        "concurrencies": len(levels),
+    }

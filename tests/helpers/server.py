@@ -1,0 +1,106 @@
+"""The serving tests' constants, their tiny model pair and small polling helpers.
+
+The session's server (tests/serving/conftest.py) runs a tiny seeded pair saved by
+`save_tiny_pair`: the target's weights plus small noise as the draft, so acceptance is partial.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+
+from avspec.runtime.model_dir import save_model_dir
+from avspec.runtime.tokenizer import ByteTokenizer
+from avspec.runtime.transformer import Transformer, TransformerConfig
+from avspec.serving.metrics import metric_value, parse_metrics
+from avspec.serving.server_process import ServerProcess
+from helpers import ROOT
+
+REPOSITORY = ROOT / "model_repository"
+K = 8
+MAX_LENGTH = 256
+REFIT_INTERVAL = 10
+ADMIN_KEY = "serving-tests-admin-key-0123456789"  # the operator's key: admin calls go through
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def save_tiny_pair(directory: Path, seed: int = 0) -> tuple[Path, Path]:
+    """Save a seeded random target and a noisy copy of it as the draft; return their dirs.
+
+    Random init makes a copy machine (tied embeddings: the residual argmax is the input token),
+    so the block matrices are scaled up 6x; embeddings outside printable ASCII and newline are
+    scaled down, so outputs are text whose characters map one to one onto tokens.
+    """
+    torch.manual_seed(seed)  # test code: Transformer initialises from the global generator
+    generator = torch.Generator().manual_seed(seed)
+    config = TransformerConfig(num_layers=2, width=64, num_heads=2, max_length=MAX_LENGTH)
+    target, draft = Transformer(config), Transformer(config)
+    printable = torch.zeros(config.vocab_size, dtype=torch.bool)
+    printable[32:127] = True
+    printable[10] = True
+    with torch.no_grad():
+        for (name, t), d in zip(target.named_parameters(), draft.parameters(), strict=True):
+            if name.startswith("blocks.") and t.dim() == 2:
+                t.mul_(6.0)
+            if name == "embed.weight":
+                t[~printable] *= 0.1
+            noise = torch.randn(t.shape, generator=generator) * 0.3 * t.std().clamp_min(1e-3)
+            d.copy_(t + noise)
+    save_model_dir(directory / "target", target, ByteTokenizer())
+    save_model_dir(directory / "draft", draft, ByteTokenizer())
+    return directory / "target", directory / "draft"
+
+
+def stage_overrides(model_dir: Path) -> dict[str, object]:
+    return {"model_dir": model_dir, "max_sequences": 40, "max_length": MAX_LENGTH}
+
+
+def scrape(server: ServerProcess) -> dict:
+    """Parsed samples of the server's metrics endpoint."""
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as response:
+        return parse_metrics(response.read().decode())
+
+
+def wait_for(condition, timeout_s: float = 30.0, interval_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval_s)
+    return condition()
+
+
+def all_freed(server: ServerProcess) -> bool:
+    samples = scrape(server)
+    return (
+        metric_value(samples, "av_live_sequences") == 0
+        and metric_value(samples, "av_kv_live_sequences", model="draft") == 0
+        and metric_value(samples, "av_kv_live_sequences", model="target") == 0
+    )
+
+
+def live_processes() -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, process group, command line) of every running, non-zombie process."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # exited meanwhile
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces, so split after the last ")"
+        state, ppid, pgid = stat.rpartition(")")[2].split()[:3]
+        if state not in ("Z", "X"):
+            found[int(entry.name)] = (int(ppid), int(pgid), cmdline)
+    return found

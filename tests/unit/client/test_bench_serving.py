@@ -1,0 +1,58 @@
+"""client/bench_serving.py without a server: arm parsing, outputs from constructed points."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers.client_scripts import load_client_script
+
+bench = load_client_script("bench_serving")
+
+
+def test_parse_arms():
+    arms = bench.parse_arms("default", 3)
+    assert [a.name for a in arms] == ["none", "k1", "k2", "k3", "av3"]
+    assert arms[0].num_draft_tokens == 0 and arms[-1].adaptive and not arms[1].adaptive
+    assert [a.num_draft_tokens for a in bench.parse_arms("k2, av1", 3)] == [2, 1]
+    for bad in ("k0", "k4", "x2", "av", "k2,k2"):
+        with pytest.raises(ValueError):
+            bench.parse_arms(bad, 3)
+
+
+def test_parse_args_errors(tmp_path: Path):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--out", str(tmp_path), "--arms", "k9"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--out", str(tmp_path), "--concurrency", "0"])
+    args = bench.parse_args(["--out", str(tmp_path), "--concurrency", "4,1,4"])
+    assert args.concurrency == [1, 4] and len(args.arm_list) == 10
+
+
+def point(c, arm, x, y):
+    return {
+        "workload": "code", "concurrency": c, "arm": arm, "tokens_per_s_per_user": x,
+        "output_tokens_per_s": y, "ttft_ms_median": 5.0, "itl_ms_median": 1.0,
+        "itl_ms_p99": 2.0, "accepted_per_pass": 1.5,
+    }  # fmt: skip
+
+
+def test_write_outputs(tmp_path: Path):
+    args = bench.parse_args(
+        ["--out", str(tmp_path), "--arms", "none,k2,av2", "--workloads", "code"]
+    )  # noqa: E501
+    arms = args.arm_list
+    del args.arm_list
+    points = [
+        point(1, "none", 10, 10), point(1, "k2", 12, 12), point(1, "av2", 12, 12.5),
+        point(4, "none", 4, 20), point(4, "k2", 5, 30), point(4, "av2", 6, 40),
+    ]  # fmt: skip
+    bench.mark_frontier(points)
+    text = bench.write_outputs(tmp_path, args, arms, points)
+    assert "concurrency 1: on the frontier: av2" in text
+    assert "av2 on the frontier at 2 of 2" in text
+    goals = json.loads((tmp_path / "points.json").read_text())["goals"]["code"]
+    assert goals["av_over_fixed_kmax_at_high"] == pytest.approx(40 / 30)
+    assert (tmp_path / "frontier_code.png").stat().st_size > 1000
+    assert (tmp_path / "points.csv").read_text().count("\n") == 7

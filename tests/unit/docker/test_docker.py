@@ -1,0 +1,362 @@
+"""docker/: compose, Prometheus and Grafana files validate; the dashboard queries exported metrics.
+
+The YAML files are written in YAML's JSON-compatible flow style (plus `#` comment lines), so the
+standard library validates them here; tests/serving/test_dashboard.py checks the dashboard's
+metric names against a scrape of the running CPU server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from helpers import ROOT
+from tritonclient.grpc import model_config_pb2 as mc
+
+from avspec.serving.metrics import ALL_METRICS, HISTOGRAM
+
+DOCKER = ROOT / "docker"
+DASHBOARD = DOCKER / "grafana" / "dashboards" / "adaptive_verification.json"
+METRIC = re.compile(r"\b((?:av|nv)_[a-z_]+)\b")
+TRITON_METRICS = {"nv_inference_request_success"}
+
+
+def load_jsonish(path: Path):
+    """A JSON-style YAML file: drop `#` comment lines, parse the rest as JSON."""
+    lines = [line for line in path.read_text().splitlines() if not line.lstrip().startswith("#")]
+    return json.loads("\n".join(lines))
+
+
+def exported_names() -> set[str]:
+    """Sample names the deployment exports (histograms as _bucket, _sum and _count)."""
+    names = set()
+    for spec in ALL_METRICS:
+        if spec.kind == HISTOGRAM:
+            names |= {f"{spec.name}_bucket", f"{spec.name}_sum", f"{spec.name}_count"}
+        else:
+            names.add(spec.name)
+    return names
+
+
+def dashboard_metric_names(dashboard: dict) -> set[str]:
+    return {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in METRIC.findall(target["expr"])
+    }
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return load_jsonish(DOCKER / "compose.yaml")
+
+
+def test_compose_services_build_and_mount_existing_files(compose: dict) -> None:
+    services = compose["services"]
+    assert set(services) == {"triton", "prometheus", "grafana"}
+    build = services["triton"]["build"]
+    context = (DOCKER / build["context"]).resolve()
+    assert context == ROOT and (context / build["dockerfile"]).is_file()
+    devices = services["triton"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+    assert "8002:8002" in services["triton"]["ports"]
+    for name in ("prometheus", "grafana"):
+        image = services[name]["image"]
+        assert re.fullmatch(r"[\w./-]+:v?\d[\w.]*", image), f"{name} image must be pinned: {image}"
+        for volume in services[name]["volumes"]:
+            source = volume.split(":")[0]
+            assert (DOCKER / source).exists(), volume
+    named = {v.split(":")[0] for v in services["triton"]["volumes"] if not v.startswith(("$", "."))}
+    assert named <= set(compose["volumes"])
+
+
+def test_dockerfile_uses_the_trtllm_image_and_copies_what_exists() -> None:
+    text = (DOCKER / "Dockerfile").read_text()
+    assert "ARG TRITON_TAG=24.12" in text
+    assert "FROM nvcr.io/nvidia/tritonserver:${TRITON_TAG}-trtllm-python-py3" in text
+    for line in text.splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), source
+    ignore = (DOCKER / "Dockerfile.dockerignore").read_text()
+    for kept in ("backend/avspec", "model_repository/", "model_repository_gpu/", "client/"):
+        assert f"!{kept}" in ignore, kept
+    entry = DOCKER / "serve_gpu.sh"
+    assert os.access(entry, os.X_OK)
+    subprocess.run(["bash", "-n", str(entry)], check=True)
+
+
+def test_serve_script_loads_exactly_the_gpu_deployment() -> None:
+    def config(name: str) -> mc.ModelConfig:
+        for directory in (ROOT / "model_repository" / name, ROOT / "model_repository_gpu" / name):
+            for path in (directory / "configs" / "gpu.pbtxt", directory / "config.pbtxt"):
+                if path.is_file():
+                    return text_format.Parse(path.read_text(), mc.ModelConfig())
+        raise AssertionError(name)
+
+    def param(cfg: mc.ModelConfig, key: str) -> str:
+        return cfg.parameters[key].string_value
+
+    step_model = param(config("speculative"), "step_model")
+    steps = [s.model_name for s in config(step_model).ensemble_scheduling.step]
+    engine = param(config("trtllm_target"), "trtllm_model")
+    wanted = {"speculative", step_model, *steps, engine}
+    loaded = set(re.findall(r"--load-model=(\w+)", (DOCKER / "serve_gpu.sh").read_text()))
+    assert loaded == wanted
+
+
+def test_prometheus_scrapes_the_metrics_port(compose: dict) -> None:
+    config = load_jsonish(DOCKER / "prometheus.yml")
+    targets = {
+        job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]]
+        for job in config["scrape_configs"]
+    }
+    assert targets["triton"] == ["triton:8002"]
+    assert "triton" in compose["services"]
+    assert targets["host"] == ["host.docker.internal:8002"]
+    assert "host.docker.internal:host-gateway" in compose["services"]["prometheus"]["extra_hosts"]
+
+
+def test_grafana_provisioning_points_at_the_dashboard(compose: dict) -> None:
+    datasources = load_jsonish(DOCKER / "grafana/provisioning/datasources/prometheus.yaml")
+    (source,) = datasources["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    providers = load_jsonish(DOCKER / "grafana/provisioning/dashboards/avspec.yaml")
+    path = providers["providers"][0]["options"]["path"]
+    mounts = dict(v.rsplit(":", 2)[:2] for v in compose["services"]["grafana"]["volumes"])
+    assert mounts["./grafana/dashboards"] == path
+    dashboard = json.loads(DASHBOARD.read_text())
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == source["uid"], panel["title"]
+        assert all(t["datasource"]["uid"] == source["uid"] for t in panel["targets"])
+
+
+def test_dashboard_is_well_formed_and_covers_every_av_metric() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)) and dashboard["uid"] and dashboard["title"]
+    for panel in dashboard["panels"]:
+        assert set(panel["gridPos"]) == {"h", "w", "x", "y"} and panel["targets"]
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)) and all(t["expr"].strip() for t in panel["targets"])
+    queried = dashboard_metric_names(dashboard)
+    assert queried - TRITON_METRICS <= exported_names(), queried - exported_names()
+    for spec in ALL_METRICS:
+        assert any(name.startswith(spec.name) for name in queried), f"no panel for {spec.name}"
+
+
+# A stand-in tritonserver, run by the launcher: records its argv, starts one stand-in stub per
+# Python-backend model it loads (argv shaped like the real stub's, so the launcher's supervisor
+# finds them) and answers readiness and a repository index on its --http-port, as Triton would.
+_FAKE_TRITONSERVER = """
+import json, os, subprocess, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+argv = sys.argv[1:]
+with open(os.environ["LOG"], "a") as log:
+    log.write("tritonserver " + json.dumps(argv) + "\\n")
+flags = [a.split("=", 1) for a in argv if "=" in a]
+def values(name): return [v for k, v in flags if k == name]
+loaded, config_name = values("--load-model"), values("--model-config-name")
+stubs = []
+for model in loaded:
+    for repository in map(Path, values("--model-repository")):
+        config = repository / model / "configs" / f"{config_name[0]}.pbtxt"
+        config = config if config.is_file() else repository / model / "config.pbtxt"
+        if config.is_file() and 'backend: "python"' in config.read_text():
+            stubs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)",
+                "triton_python_backend_stub", str(repository / model / "1" / "model.py"),
+                f"shm_{model}"]))
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args): pass
+    def answer(self, ok, body=b"{}"):
+        self.send_response(200 if ok else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def do_GET(self):
+        ready = {"/v2/health/ready"} | {f"/v2/models/{m}/ready" for m in loaded}
+        self.answer(self.path in ready)
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.answer(self.path == "/v2/repository/index", b"[]")
+
+port = int(values("--http-port")[0])
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _status(url: str, headers: dict[str, str] | None = None) -> int:
+    """Status of a POST with an empty JSON body (HTTP errors included)."""
+    request = urllib.request.Request(url, data=b"{}", headers=headers or {}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _serve_until_ready(env: dict[str, str], out: Path, timeout_s: float = 180) -> subprocess.Popen:
+    """Run serve_gpu.sh (stdout to `out`) until the launcher prints its ready line."""
+    with out.open("w") as stdout:
+        process = subprocess.Popen(["bash", str(DOCKER / "serve_gpu.sh")], env=env, stdout=stdout)
+    deadline = time.monotonic() + timeout_s
+    while "avspec: serving" not in out.read_text():
+        assert process.poll() is None, f"serve_gpu.sh exited: {out.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"not ready in {timeout_s} s: {out.read_text()}"
+        time.sleep(0.2)
+    return process
+
+
+def _stop(process: subprocess.Popen, out: Path) -> None:
+    """SIGTERM, as `docker stop` sends it: the launcher stops the server and exits 0."""
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+    assert "stopped on SIGTERM" in out.read_text()
+
+
+def test_entry_script_builds_the_engine_once_then_serves_behind_the_front(tmp_path: Path) -> None:
+    """docker/serve_gpu.sh on the CPU, with stand-ins for the two GPU programs: the real export
+    runs, `trtllm-build` gets the deployment's flags and sizes from the values file, the filled
+    repository has no placeholder left, a second start reuses the engine, and both starts run
+    the stand-in tritonserver through the launcher: loopback only, restricted APIs, both
+    repositories with the gpu configs, the script's load list, public ports held by the front."""
+    bin_dir, log = tmp_path / "triton" / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir(parents=True)
+    (tmp_path / "triton" / "backends").mkdir()  # the layout serve_gpu.sh derives it from
+    (tmp_path / "fake_tritonserver.py").write_text(_FAKE_TRITONSERVER)
+    stand_ins = {
+        "python3": f'exec "{sys.executable}" "$@"\n',  # the venv's: torch, safetensors
+        # records its arguments and writes an engine file where --output_dir points
+        "trtllm-build": 'echo "trtllm-build $*" >> "$LOG"\n'
+        'while [ "$1" != "--output_dir" ]; do shift; done\n'
+        'mkdir -p "$2" && touch "$2/rank0.engine"\n',
+        "tritonserver": f'exec "{sys.executable}" "{tmp_path / "fake_tritonserver.py"}" "$@"\n',
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}")
+        (bin_dir / name).chmod(0o755)
+    engine = tmp_path / "engines" / "target"
+    values = json.loads((DOCKER / "gpu_values.example.json").read_text())
+    values |= {"engine_dir": str(engine), "triton_max_batch_size": "16", "max_seq_len": "256"}
+    (tmp_path / "values.json").write_text(json.dumps(values))
+    ports = {name: _free_port() for name in ("HTTP", "GRPC", "METRICS")}
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "LOG": str(log),
+        "AVSPEC_ROOT": str(tmp_path / "root"),
+        "AVSPEC_GPU_VALUES": str(tmp_path / "values.json"),
+        "PYTHONPATH": str(ROOT / "backend"),
+        **{f"AVSPEC_{name}_PORT": str(port) for name, port in ports.items()},
+    }
+    (tmp_path / "root").mkdir()
+    for name in ("models", "client", "model_repository", "model_repository_gpu"):
+        (tmp_path / "root" / name).symlink_to(ROOT / name)
+    admin_key = "container-admin-key-0123456789"
+    (tmp_path / "admin.key").write_text(admin_key + "\n")
+    front = f"http://127.0.0.1:{ports['HTTP']}"
+
+    out = [tmp_path / "first.out", tmp_path / "second.out"]
+    process = _serve_until_ready(env, out[0])  # first start: builds the engine; admin closed
+    try:
+        with urllib.request.urlopen(f"{front}/v2/health/ready", timeout=10) as response:
+            assert response.status == 200  # forwarded by the front to the stand-in
+        assert _status(f"{front}/v2/repository/index") == 403  # refused by the front
+        assert _status(f"{front}/v2/models/draft/infer") == 403  # an internal stage
+        _stop(process, out[0])
+        keyed = env | {"AVSPEC_ADMIN_KEY_FILE": str(tmp_path / "admin.key")}
+        process = _serve_until_ready(keyed, out[1])
+        assert _status(f"{front}/v2/repository/index", {"avspec-admin-key": admin_key}) == 200
+        assert _status(f"{front}/v2/repository/index", {"avspec-admin-key": "x" * 20}) == 403
+        _stop(process, out[1])
+    finally:
+        if process.poll() is None:  # SIGTERM first: the launcher takes the server down with it
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    calls = log.read_text().splitlines()
+    builds = [c for c in calls if c.startswith("trtllm-build")]
+    assert len(builds) == 1 and len(calls) == 3, calls
+    build = builds[0].split()
+    assert build[build.index("--max_batch_size") + 1] == "16"
+    assert build[build.index("--max_seq_len") + 1] == "256"
+    assert build[build.index("--speculative_decoding_mode") + 1] == "draft_tokens_external"
+    checkpoint = Path(build[build.index("--checkpoint_dir") + 1])
+    assert (
+        json.loads((checkpoint / "config.json").read_text())["architecture"] == "LlamaForCausalLM"
+    )
+    filled = tmp_path / "root" / "build" / "model_repository_gpu"
+    for config in filled.rglob("config.pbtxt"):
+        assert "${" not in config.read_text(), config
+    assert str(engine) in (filled / "tensorrt_llm" / "config.pbtxt").read_text()
+    servers = [json.loads(c.removeprefix("tritonserver ")) for c in calls[1:]]
+    for argv in servers:
+        _assert_launched_behind_the_front(argv, ports, filled, tmp_path / "triton" / "backends")
+    assert any(f"avspec-admin-key={admin_key}" in a for a in servers[1])
+    assert not any(admin_key in a for a in servers[0])
+
+
+def _assert_launched_behind_the_front(
+    argv: list[str], ports: dict[str, int], filled: Path, backends: Path
+) -> None:
+    """The tritonserver command the launcher built for the container."""
+    flags = [arg.partition("=")[::2] for arg in argv]  # (flag, value), value "" if none
+    assert [v for k, v in flags if k == "--model-repository"] == [
+        str(ROOT / "model_repository"),
+        str(filled.resolve()),
+    ]
+    script = (DOCKER / "serve_gpu.sh").read_text()
+    assert [v for k, v in flags if k == "--load-model"] == re.findall(r"--load-model=(\w+)", script)
+    single = {k: v for k, v in flags if k not in ("--model-repository", "--load-model")}
+    assert single["--model-config-name"] == "gpu"
+    assert single["--backend-directory"] == str(backends)
+    assert single["--model-control-mode"] == "explicit"
+    # Triton itself on loopback, on ports of its own; the public ports are the front's
+    assert single["--http-address"] == single["--grpc-address"] == "127.0.0.1"
+    assert {int(single["--http-port"]), int(single["--grpc-port"])}.isdisjoint(ports.values())
+    assert single["--metrics-address"] == "0.0.0.0"
+    assert single["--metrics-port"] == str(ports["METRICS"])
+    assert single["--exit-timeout-secs"] == "30"
+    restricted = [
+        v for k, v in flags if k in ("--http-restricted-api", "--grpc-restricted-protocol")
+    ]
+    assert len(restricted) == 4
+    assert sum(v.startswith("inference:avspec-front-key=") for v in restricted) == 2
+
+
+def test_trtllm_extra_is_pinned_optional_and_matches_the_image() -> None:
+    """The CPU install never pulls TensorRT-LLM; the extra pins the version the image carries."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (pin,) = project["optional-dependencies"]["trtllm"]
+    name, version = pin.split("==")
+    assert name == "tensorrt-llm" and re.fullmatch(r"\d+\.\d+\.\d+", version)
+    installed = [*project["dependencies"], *project["optional-dependencies"]["dev"]]
+    assert not any("tensorrt" in dep for dep in installed)
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-e '.[dev]'" in makefile and "trtllm]" not in makefile
+    assert f"TensorRT-LLM {version}" in (DOCKER / "Dockerfile").read_text()

@@ -1,0 +1,504 @@
+"""Scheduler tests against a fake step function that checks the step contract's bookkeeping."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+from helpers.stages import perturbed, tiny_model
+
+import avspec.engine.scheduler
+from avspec.av.estimator import refit_excluded
+from avspec.contract import StepInputs, StepOutputs
+from avspec.engine.scheduler import (
+    MAX_TEMPERATURE,
+    GenerationRequest,
+    Overloaded,
+    Scheduler,
+    StepReport,
+    generate,
+)
+from avspec.engine.step import SpeculativeStep
+
+K = 8
+EOS = 256
+
+
+def token_at(seq_id: int, position: int) -> int:
+    """The fake model's token at absolute `position` of sequence `seq_id`."""
+    return 1 + (7 * seq_id + 3 * position) % 50
+
+
+class FakeStep:
+    """Contract-checking stand-in: accepts half the drafts, emits token_at(...) tokens."""
+
+    max_draft_tokens = K
+
+    def __init__(self, eos_at: dict[int, int] | None = None, poison: set[int] | None = None):
+        self.eos_at = eos_at or {}
+        self.poison = poison or set()
+        self.history: dict[int, list[int]] = {}
+        self.calls: list[StepInputs] = []
+        self.released: list[int] = []
+
+    def __call__(self, inputs: StepInputs) -> StepOutputs:
+        self.calls.append(inputs)
+        for seq_id in inputs.release_seq_ids.tolist():
+            self.history.pop(seq_id, None)
+            self.released.append(seq_id)
+        seq_ids = inputs.seq_ids.tolist()
+        if self.poison & set(seq_ids):
+            raise RuntimeError("poisoned sequence")
+        batch = len(seq_ids)
+        output_ids = torch.full((batch, K + 1), -1, dtype=torch.int32)
+        num_accepted = torch.zeros(batch, dtype=torch.int32)
+        for r, seq_id in enumerate(seq_ids):
+            start = int(inputs.start_positions[r])
+            if start == 0:
+                self.history[seq_id] = []
+            history = self.history[seq_id]
+            assert start == len(history), "start_positions must equal the committed length"
+            history.extend(inputs.input_ids[r, : int(inputs.input_lengths[r])].tolist())
+            accepted = int(inputs.num_draft_tokens[r]) // 2
+            for j in range(accepted + 1):
+                position = len(history) + j
+                eos = self.eos_at.get(seq_id) == position
+                output_ids[r, j] = EOS if eos else token_at(seq_id, position)
+            num_accepted[r] = accepted
+        return StepOutputs(output_ids, num_accepted, inputs.num_draft_tokens.clone())
+
+
+def expected(seq_id: int, prompt_len: int, max_tokens: int) -> list[int]:
+    return [token_at(seq_id, prompt_len + i) for i in range(max_tokens)]
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.reports: list[StepReport] = []
+        self.errors: list[Exception] = []
+
+    def on_step(self, report: StepReport) -> None:
+        self.reports.append(report)
+        self.tokens.extend(report.new_tokens)
+
+    def on_error(self, exc: Exception) -> None:
+        self.errors.append(exc)
+
+
+def make(fake: FakeStep, max_batch_size: int = 8, max_context: int = 128) -> Scheduler:
+    return Scheduler(fake, EOS, max_batch_size, max_context, K)
+
+
+def submit(scheduler: Scheduler, prompt_len: int, max_tokens: int, **kw) -> tuple[int, Collector]:
+    c = Collector()
+    seq_id = scheduler.submit(
+        GenerationRequest([5] * prompt_len, max_tokens, **kw), c.on_step, c.on_error
+    )
+    return seq_id, c
+
+
+def test_max_tokens_honoured_exactly_and_caches_released() -> None:
+    fake = FakeStep()
+    scheduler = make(fake)
+    runs = [
+        submit(scheduler, n, m, num_draft_tokens=d) for n, m, d in [(3, 1, 4), (5, 7, 4), (1, 9, 0)]
+    ]
+    scheduler.run_until_idle()
+    for (seq_id, c), (n, m) in zip(runs, [(3, 1), (5, 7), (1, 9)], strict=True):
+        assert c.tokens == expected(seq_id, n, m)
+        assert c.reports[-1].finished and c.reports[-1].finish_reason == "length"
+        assert not c.errors
+    assert fake.history == {}, "every finished sequence is released (empty-batch step)"
+    assert scheduler.counters.tokens_generated == 17
+    assert scheduler.counters.requests_finished == 3
+    # Drafting never overshoots: num_draft_tokens <= tokens still wanted - 1.
+    assert fake.calls[0].num_draft_tokens.tolist() == [0, 4, 0]
+
+
+def test_eos_stops_and_is_not_emitted() -> None:
+    fake = FakeStep(eos_at={1: 6})
+    scheduler = make(fake)
+    seq_id, c = submit(scheduler, 4, 20)
+    scheduler.run_until_idle()
+    assert c.tokens == expected(seq_id, 4, 2)
+    assert c.reports[-1].finish_reason == "stop"
+
+
+def test_queue_beyond_max_batch_size_joins_later() -> None:
+    fake = FakeStep()
+    scheduler = make(fake, max_batch_size=2)
+    runs = [submit(scheduler, 2 + i, 3 + 2 * i) for i in range(4)]
+    assert scheduler.step() == 2
+    assert scheduler.live_count == 2 and scheduler.queued_count == 2
+    scheduler.run_until_idle()
+    assert max(c.batch_size for c in fake.calls) == 2
+    for i, (seq_id, c) in enumerate(runs):
+        assert c.tokens == expected(seq_id, 2 + i, 3 + 2 * i)
+
+
+def test_prev_num_accepted_aligned_with_previous_batch() -> None:
+    fake = FakeStep()
+    scheduler = make(fake)
+    submit(scheduler, 2, 30, num_draft_tokens=4)
+    submit(scheduler, 2, 30, num_draft_tokens=2)
+    scheduler.step()
+    scheduler.step()
+    assert fake.calls[0].prev_num_accepted.numel() == 0
+    assert fake.calls[1].prev_num_accepted.tolist() == [2, 1]
+
+
+def test_cancel_releases_the_sequence() -> None:
+    fake = FakeStep()
+    scheduler = make(fake, max_batch_size=2)
+    keep_id, keep = submit(scheduler, 3, 40)
+    gone_id, gone = submit(scheduler, 3, 40)
+    queued_id, queued = submit(scheduler, 3, 40)
+    scheduler.step()
+    assert gone_id in fake.history
+    assert scheduler.cancel(gone_id)
+    assert scheduler.cancel(queued_id)
+    assert not scheduler.cancel(gone_id) and not scheduler.cancel(999)
+    assert gone.reports[-1].finish_reason == "cancelled"
+    assert queued.reports == [StepReport([], 0, 0, 0, True, "cancelled")]
+    scheduler.step()
+    assert fake.calls[-1].release_seq_ids.tolist() == [gone_id]
+    assert gone_id not in fake.history and queued_id not in fake.history
+    scheduler.run_until_idle()
+    assert keep.tokens == expected(keep_id, 3, 40)
+    assert scheduler.counters.requests_cancelled == 2
+
+
+def test_poisoned_sequence_fails_alone() -> None:
+    fake = FakeStep(poison={2})
+    scheduler = make(fake)
+    runs = [submit(scheduler, 3, 6) for _ in range(3)]
+    scheduler.run_until_idle()
+    (id1, c1), (_, bad), (id3, c3) = runs
+    assert c1.tokens == expected(id1, 3, 6) and c3.tokens == expected(id3, 3, 6)
+    assert len(bad.errors) == 1 and "poisoned" in str(bad.errors[0])
+    assert not c1.errors and not c3.errors
+    replays = [c for c in fake.calls if c.batch_size == 1]
+    assert replays and all(c.prev_num_accepted.numel() == 0 for c in replays)
+    assert 2 in fake.released
+    assert scheduler.counters.requests_failed == 1
+    assert scheduler.counters.step_failures == 1
+
+
+def test_malformed_outputs_fail_the_request() -> None:
+    def bad_step(inputs: StepInputs) -> StepOutputs:
+        batch = inputs.batch_size
+        zeros = torch.zeros(batch, dtype=torch.int32)
+        return StepOutputs(torch.zeros(batch, K), zeros, zeros)  # K columns, not K + 1
+
+    scheduler = Scheduler(bad_step, EOS, 4, 64, K)
+    _, c = submit(scheduler, 2, 3)
+    scheduler.run_until_idle()
+    assert len(c.errors) == 1 and "output_ids" in str(c.errors[0])
+
+
+def test_raising_callback_does_not_kill_the_loop() -> None:
+    fake = FakeStep()
+    scheduler = make(fake)
+    good_id, good = submit(scheduler, 2, 9)
+
+    def explode(report: StepReport) -> None:
+        raise RuntimeError("client went away")
+
+    errors: list[Exception] = []
+
+    def explode_too(exc: Exception) -> None:
+        errors.append(exc)
+        raise RuntimeError("and the error handler too")
+
+    scheduler.submit(GenerationRequest([5, 5], 9), explode, explode_too)
+    scheduler.run_until_idle()
+    assert good.tokens == expected(good_id, 2, 9)
+    assert len(errors) == 1 and "client went away" in str(errors[0])
+    assert scheduler.counters.callback_errors == 2
+    assert fake.history == {}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"prompt_ids": []}, "prompt_ids"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"num_draft_tokens": K + 1}, "num_draft_tokens"),
+        ({"num_draft_tokens": -1}, "num_draft_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": MAX_TEMPERATURE * 1.01}, "temperature"),
+        ({"client": None}, "client"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"max_tokens": 60}, "max_context"),
+    ],
+)
+def test_submission_validation(kwargs: dict, match: str) -> None:
+    scheduler = make(FakeStep(), max_context=64)
+    fields = {"prompt_ids": [1, 2, 3], "max_tokens": 4} | kwargs
+    with pytest.raises(ValueError, match=match):
+        scheduler.submit(GenerationRequest(**fields), print, print)
+    assert scheduler.queued_count == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "match"),
+    [
+        ((0, 64, K), {}, "max_batch_size"),
+        ((4, 64, -1), {}, "max_draft_tokens"),
+        ((4, 5, K), {}, "max_context"),
+        ((4, 64, K), {"max_queued": 0}, "max_queued"),
+        ((4, 64, K), {"max_queued_per_client": 0}, "max_queued_per_client"),
+        ((4, 64, K), {"refit_max_temperature": float("nan")}, "refit_max_temperature"),
+        ((4, 64, K), {"refit_client_share": 0.0}, "refit_client_share"),
+        ((4, 64, K), {"refit_client_share": 1.5}, "refit_client_share"),
+    ],
+)
+def test_constructor_validation(args: tuple, kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Scheduler(FakeStep(), EOS, *args, **kwargs)
+
+
+def test_background_thread_serves_and_stops() -> None:
+    fake = FakeStep()
+    scheduler = make(fake)
+    scheduler.start()
+    scheduler.start()  # idempotent
+    try:
+        done = threading.Event()
+        c = Collector()
+
+        def on_step(report: StepReport) -> None:
+            c.on_step(report)
+            if report.finished:
+                done.set()
+
+        seq_id = scheduler.submit(GenerationRequest([5, 5, 5], 11), on_step, c.on_error)
+        assert done.wait(10)
+        assert c.tokens == expected(seq_id, 3, 11)
+    finally:
+        scheduler.stop(timeout_s=10)
+    assert scheduler._thread is not None and not scheduler._thread.is_alive()
+
+
+def test_background_thread_survives_a_scheduler_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    scheduler = make(FakeStep())
+    failed = threading.Event()
+    monkeypatch.setattr(scheduler, "_apply", lambda *a: 1 / 0)
+    scheduler.start()
+    try:
+        scheduler.submit(GenerationRequest([5], 3), print, lambda exc: failed.set())
+        assert failed.wait(10)
+    finally:
+        scheduler.stop(timeout_s=10)
+    assert scheduler.live_count == 0
+
+
+def test_generate_helper() -> None:
+    fake = FakeStep()
+    out = generate(fake, [GenerationRequest([5] * 3, 4), GenerationRequest([5], 2)])
+    assert out == [expected(1, 3, 4), expected(2, 1, 2)]
+    with pytest.raises(RuntimeError, match="failed"):
+        generate(FakeStep(poison={1}), [GenerationRequest([5], 2)])
+    scheduler = make(FakeStep())
+    assert generate(scheduler, [GenerationRequest([5], 1)]) == [expected(1, 1, 1)]
+
+
+class FailOn:
+    """Wraps a FakeStep: raises on the given call numbers (1-based) before the fake sees them."""
+
+    def __init__(self, fake: FakeStep, calls: set[int]) -> None:
+        self.fake, self.fail, self.calls = fake, calls, 0
+        self.max_draft_tokens = fake.max_draft_tokens
+
+    def __call__(self, inputs: StepInputs) -> StepOutputs:
+        self.calls += 1
+        if self.calls in self.fail:
+            raise RuntimeError(f"transient failure of call {self.calls}")
+        return self.fake(inputs)
+
+
+def test_failed_release_only_step_keeps_its_releases() -> None:
+    fake = FakeStep()
+    scheduler = Scheduler(FailOn(fake, {2}), EOS, 8, 128, K)
+    done_id, _ = submit(scheduler, 3, 1)
+    scheduler.step()  # call 1: finishes the request
+    scheduler.step()  # call 2: release-only, fails
+    assert fake.released == []
+    scheduler.step()  # call 3 carries the release again
+    assert fake.released == [done_id] and fake.history == {}
+
+
+def test_failed_replay_hands_its_releases_on() -> None:
+    fake = FakeStep()
+    scheduler = Scheduler(FailOn(fake, {2, 3}), EOS, 8, 128, K)
+    done_id, _ = submit(scheduler, 3, 1)
+    scheduler.step()  # call 1: finishes the first request; its release is pending
+    (bad_id, bad), (good_id, good) = submit(scheduler, 3, 6), submit(scheduler, 3, 6)
+    scheduler.run_until_idle()  # call 2 (batch) and call 3 (first replay) fail
+    assert done_id in fake.released and bad_id in fake.released
+    assert fake.history == {}
+    assert len(bad.errors) == 1 and good.tokens == expected(good_id, 3, 6)
+
+
+def test_a_burst_cannot_starve_another_client() -> None:
+    """640 queued from A, then one from B: B joins the first batch, before A's 64th."""
+    fake = FakeStep()
+    scheduler = make(fake, max_batch_size=64)
+    a_ids = [submit(scheduler, 2, 3, client="A")[0] for _ in range(640)]
+    b_id, b = submit(scheduler, 2, 3, client="B")
+    assert scheduler.queued_by_client() == {"A": 640, "B": 1}
+    scheduler.step()
+    stepped = fake.calls[0].seq_ids.tolist()
+    assert stepped == [a_ids[0], b_id, *a_ids[1:63]]  # admission order: A, B, then A's
+    assert scheduler.queued_by_client() == {"A": 577}
+    assert b.reports and not b.errors
+
+
+def test_admission_is_round_robin_over_clients_fifo_within() -> None:
+    fake = FakeStep()
+    scheduler = make(fake, max_batch_size=1)
+    ids = {
+        c: [submit(scheduler, 2, 1, client=c)[0] for _ in range(n)] for c, n in (("A", 4), ("B", 2))
+    }
+    anonymous = submit(scheduler, 2, 1)[0]
+    scheduler.run_until_idle()
+    order = [c.seq_ids.tolist() for c in fake.calls if c.batch_size]
+    a, b = ids["A"], ids["B"]
+    assert order == [[a[0]], [b[0]], [anonymous], [a[1]], [b[1]], [a[2]], [a[3]]]
+
+
+def test_queue_limits_raise_overloaded() -> None:
+    scheduler = Scheduler(FakeStep(), EOS, 2, 128, K, max_queued=3, max_queued_per_client=2)
+    # Two free batch slots count as room: each limit applies to requests beyond them.
+    for _ in range(4):
+        submit(scheduler, 2, 3, client="A")
+    with pytest.raises(Overloaded, match=r"overloaded: 2 requests queued for this client "
+                       r"\(limit 2\); retry later"):  # fmt: skip
+        submit(scheduler, 2, 3, client="A")
+    submit(scheduler, 2, 3, client="B")
+    with pytest.raises(Overloaded, match=r"overloaded: 3 requests queued \(limit 3\); retry"):
+        submit(scheduler, 2, 3, client="C")
+    assert scheduler.queued_by_client() == {"A": 4, "B": 1}
+    counters = scheduler.counters
+    assert (counters.requests_submitted, counters.requests_rejected) == (5, 2)
+    scheduler.step()  # two join the batch: no free slot left, three wait
+    assert scheduler.queued_count == 3
+    with pytest.raises(Overloaded, match="3 requests queued"):
+        submit(scheduler, 2, 3, client="D")
+    scheduler.run_until_idle()
+    submit(scheduler, 2, 3, client="D")  # room again
+
+
+def test_cancel_a_queued_request_of_the_rotation() -> None:
+    fake = FakeStep()
+    scheduler = make(fake, max_batch_size=1)
+    first, _ = submit(scheduler, 2, 2, client="A")
+    second, cancelled = submit(scheduler, 2, 2, client="A")
+    only_b, _ = submit(scheduler, 2, 2, client="B")
+    assert scheduler.cancel(second) and scheduler.cancel(only_b)
+    assert scheduler.queued_by_client() == {"A": 1}
+    assert cancelled.reports == [StepReport([], 0, 0, 0, True, "cancelled")]
+    scheduler.run_until_idle()
+    stepped = {i for c in fake.calls for i in c.seq_ids.tolist()}
+    assert stepped == {first} and scheduler.queued_count == 0
+
+
+def outcomes_sent(fake: FakeStep, call: int) -> list[int]:
+    """prev_num_accepted of call `call`: the refit labels of the step before it."""
+    return fake.calls[call].prev_num_accepted.tolist()
+
+
+def test_hot_rows_do_not_feed_the_refit() -> None:
+    fake = FakeStep()
+    scheduler = Scheduler(fake, EOS, 8, 128, K, refit_max_temperature=2.0)
+    submit(scheduler, 2, 30, temperature=0.7)
+    submit(scheduler, 2, 30, temperature=2.5)
+    submit(scheduler, 2, 30, temperature=2.0)
+    scheduler.step()
+    scheduler.step()
+    assert outcomes_sent(fake, 1) == [K // 2, refit_excluded(torch.tensor(K // 2)), K // 2]
+
+
+def test_client_share_caps_labels_per_step_and_rotates() -> None:
+    """One client owns 60 of 64 rows; share 0.25: it labels 16 per step, in turn."""
+    fake = FakeStep()
+    scheduler = Scheduler(fake, EOS, 64, 128, K, refit_client_share=0.25)
+    a_ids = [submit(scheduler, 2, 60, client="A")[0] for _ in range(60)]
+    others = [submit(scheduler, 2, 60, client=f"c{i}")[0] for i in range(4)]
+    for _ in range(6):
+        scheduler.step()
+    labelled: list[set[int]] = []
+    for step in range(5):
+        rows = dict(
+            zip(fake.calls[step].seq_ids.tolist(), outcomes_sent(fake, step + 1), strict=True)
+        )
+        assert all(rows[i] == K // 2 for i in others)
+        assert all(rows[i] in (K // 2, -1 - K // 2) for i in a_ids)
+        labelled.append({i for i in a_ids if rows[i] >= 0})
+    assert [len(s) for s in labelled] == [16] * 5
+    assert set.union(*labelled[:4]) == set(a_ids)  # each sequence labelled within 4 steps
+    assert not labelled[0] & labelled[1] and not labelled[1] & labelled[2]
+
+
+def test_share_cap_counts_only_rows_that_would_be_labelled() -> None:
+    fake = FakeStep()
+    scheduler = Scheduler(fake, EOS, 8, 128, K, refit_client_share=0.25)
+    for _ in range(6):
+        submit(scheduler, 2, 30, num_draft_tokens=0)  # nothing verified: nothing to label
+    submit(scheduler, 2, 30)
+    submit(scheduler, 2, 30)
+    scheduler.step()
+    scheduler.step()
+    assert outcomes_sent(fake, 1) == [0] * 6 + [K // 2, K // 2]  # cap 2 of 8 rows
+
+
+def test_run_until_idle_returns_while_releases_cannot_be_sent() -> None:
+    fake = FakeStep()
+    down = FailOn(fake, set(range(2, 100)))
+    scheduler = Scheduler(down, EOS, 8, 128, K)
+    done_id, done = submit(scheduler, 3, 1)
+    scheduler.run_until_idle()  # the release-only call fails: it returns, release pending
+    assert done.tokens and fake.released == []
+    down.fail = set()
+    scheduler.run_until_idle()
+    assert fake.released == [done_id]
+
+
+def test_background_thread_resends_releases(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(avspec.engine.scheduler, "_RETRY_S", 0.01)
+    fake = FakeStep()
+    scheduler = Scheduler(FailOn(fake, {2, 3}), EOS, 8, 128, K)
+    done_id, _ = submit(scheduler, 3, 1)
+    scheduler.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not fake.released and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        scheduler.stop(timeout_s=10)
+    assert fake.released == [done_id] and scheduler.counters.steps >= 4
+
+
+def test_in_process_step_takes_the_refit_guard() -> None:
+    """Through SpeculativeStep (check_values on): -1 rows are accepted and never labelled."""
+    target = tiny_model(20, layers=1, width=16)
+    draft = perturbed(target, 0.3, seed=5)
+    k = 4
+    prompts = [[72, 101, 108], [1] * 5, [200, 3, 17], [42]]
+    labels, outputs = [], []
+    for share in (1.0, 0.25):
+        step = SpeculativeStep.from_models(target, draft, k, 8, 96)
+        scheduler = Scheduler(step, EOS, 8, 96, k, refit_client_share=share)
+        requests = [GenerationRequest(p, 10, temperature=0.0, num_draft_tokens=k) for p in prompts]
+        with torch.no_grad():
+            outputs.append(generate(scheduler, requests))
+        labels.append(float(step.verifier.estimator.stats.n.sum()))
+        assert step.verifier.num_dropped_records == 0
+    assert outputs[0] == outputs[1]  # greedy: the refit never changes the text
+    assert 0 < labels[1] < labels[0]

@@ -1,0 +1,144 @@
+"""Sampled losslessness through the real stages: Scheduler -> draft -> verifier -> target.
+
+tests/unit/av/test_lossless.py proves the algorithm on synthetic tables; this test proves the
+wiring: the draft stage's warped q, the verifier's trimming with a binding budget, the target
+stage's warped p and rejection sampling, and the scheduler's bookkeeping across two steps.
+
+Test: 2,048 requests (one prompt, distinct seeds, batches of 64, temperature 0.7, top-p 0.8,
+K = 4, AV on with a verify cost steep enough that the budget trims drafts), K + 1 tokens each,
+of which the first two are compared. The draft is a lightly perturbed copy of the target, so
+drafts are accepted often (about 0.77) and the trimming, acceptance and residual paths all
+run. The exact law of the first two tokens under the target alone is p(y1) p(y2 | y1), both
+warped the same way. A chi-square test over the cells expected to hold >= 5 samples (the rest
+pooled) must give p > 1e-4. The same harness must reject (p < 1e-6) a pipeline whose target
+rejection-samples against a q other than the one the drafts were drawn from (q mixed
+half-and-half with uniform): a plausible wiring bug that greedy tests cannot see.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.stages import perturbed, tiny_model
+
+from avspec.av.cost_table import CostTable
+from avspec.contract import StepInputs, StepOutputs
+from avspec.engine.sampling import warp_probs
+from avspec.engine.scheduler import GenerationRequest, Scheduler
+from avspec.engine.step import SpeculativeStep
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+K, BATCH, REQUESTS = 4, 64, 2048
+TEMPERATURE, TOP_P = 0.7, 0.8
+PROMPT = [5, 17, 200, 3]
+NO_EOS = 10_000  # the tiny models' vocabulary has no EOS: requests always get two tokens
+PASS, FAIL = 1e-4, 1e-6
+
+
+def _pair():
+    """Target and a lightly perturbed copy: q overlaps p (about 0.77 of drafts accepted)."""
+    target = tiny_model(31, layers=1, width=32)
+    return target, perturbed(target, 0.05, seed=5)
+
+
+def _build(target, draft) -> SpeculativeStep:
+    return SpeculativeStep.from_models(
+        target, draft, K, BATCH + 4, 32,
+        draft_cost=CostTable.linear(0.1, 0.01, 128), verify_cost=CostTable.linear(1.0, 0.05, 2048),
+    )  # fmt: skip
+
+
+def _sample(step_fn, seed_base: int) -> torch.Tensor:
+    """Counts [vocab, vocab] of the first two generated tokens over REQUESTS requests."""
+    scheduler = Scheduler(step_fn, NO_EOS, BATCH, 32, K)
+    tokens: list[list[int]] = [[] for _ in range(REQUESTS)]
+    errors: list[Exception] = []
+    for i in range(REQUESTS):
+        request = GenerationRequest(
+            list(PROMPT), K + 1, TEMPERATURE, TOP_P, random_seed=seed_base + i, num_draft_tokens=K
+        )
+        scheduler.submit(request, lambda r, i=i: tokens[i].extend(r.new_tokens), errors.append)
+    scheduler.run_until_idle()
+    assert not errors, errors[0]
+    pairs = torch.tensor([t[:2] for t in tokens])  # [requests, 2]
+    vocab = step_fn_vocab(step_fn)
+    return torch.bincount(pairs[:, 0] * vocab + pairs[:, 1], minlength=vocab * vocab).view(
+        vocab, vocab
+    )
+
+
+def step_fn_vocab(step_fn) -> int:
+    return step_fn.step.target.model.config.vocab_size
+
+
+def _exact_law(target) -> torch.Tensor:
+    """p(y1) p(y2 | y1) [vocab, vocab] under the target alone, warped like the stages warp."""
+    vocab = target.config.vocab_size
+
+    def warped(contexts: torch.Tensor) -> torch.Tensor:  # contexts [batch, seq] -> [batch, vocab]
+        logits = target(contexts)[:, -1:].float()  # (batch, 1, vocab)
+        n = contexts.shape[0]
+        temperature, top_p = torch.full((n,), TEMPERATURE), torch.full((n,), TOP_P)
+        return warp_probs(logits, temperature, top_p)[:, 0].double()
+
+    first = warped(torch.tensor([PROMPT]))[0]  # [vocab]
+    contexts = torch.tensor([PROMPT + [y] for y in range(vocab)])
+    return first[:, None] * warped(contexts)  # [vocab, vocab]
+
+
+def _p_value(counts: torch.Tensor, law: torch.Tensor) -> float:
+    """Chi-square goodness of fit; cells expected below 5 pooled into one."""
+    expected = law.flatten() * counts.sum()
+    observed = counts.flatten().double()
+    big = expected >= 5
+    exp = torch.cat([expected[big], expected[~big].sum().view(1)])
+    obs = torch.cat([observed[big], observed[~big].sum().view(1)])
+    keep = exp > 0
+    chi2 = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum())
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(chi2 / 2)))
+
+
+class _Counted:
+    """The served step, counting drafts asked for and verified."""
+
+    def __init__(self, step: SpeculativeStep) -> None:
+        self.step = step
+        self.drafted = self.verified = 0
+
+    def __call__(self, inputs: StepInputs) -> StepOutputs:
+        outputs = self.step(inputs)
+        self.drafted += int(inputs.num_draft_tokens.sum())
+        self.verified += int(outputs.num_verify.sum())
+        return outputs
+
+
+class _WrongQ(_Counted):
+    """The broken pipeline: the target is told a q other than the drafts' (q/2 + uniform/2)."""
+
+    def __call__(self, inputs: StepInputs) -> StepOutputs:
+        step = self.step
+        drafted = step.draft(inputs)
+        decision = step.verifier.step(
+            inputs.seq_ids, drafted.draft_features, inputs.num_draft_tokens, inputs.adaptive,
+            inputs.prev_num_accepted, inputs.release_seq_ids,
+            int((inputs.input_lengths - inputs.reusable).sum()),
+        )  # fmt: skip
+        q = drafted.draft_probs
+        wrong = 0.5 * q + 0.5 / q.shape[-1]
+        return step.target(inputs, drafted.draft_tokens, wrong, decision.num_verify)
+
+
+def test_stages_sample_the_target_law_with_trimming():
+    target, draft = _pair()
+    step = _Counted(_build(target, draft))
+    counts = _sample(step, seed_base=0)
+    assert 0 < step.verified < 0.9 * step.drafted  # the budget binds: drafts were trimmed
+    assert _p_value(counts, _exact_law(target)) > PASS
+
+
+def test_wrong_q_in_the_target_is_caught():
+    target, draft = _pair()
+    counts = _sample(_WrongQ(_build(target, draft)), seed_base=0)
+    assert _p_value(counts, _exact_law(target)) < FAIL

@@ -1,0 +1,146 @@
+"""In-process speculative generation (draft -> verifier -> target, through the Scheduler).
+
+Greedy speculative output must equal target-only greedy decoding token for token, whatever the
+draft proposes and whatever the verifier trims; sampled output must not depend on the batch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.stages import K, perturbed, tiny_model
+
+from avspec.av.cost_table import CostTable
+from avspec.engine.scheduler import GenerationRequest, Scheduler, generate
+from avspec.engine.step import SpeculativeStep
+from avspec.runtime.model_dir import save_model_dir
+from avspec.runtime.tokenizer import ByteTokenizer
+from avspec.runtime.transformer import Transformer
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+EOS = 256
+PROMPTS = [[72, 101, 108], [1] * 9, [200, 3, 17, 99, 5, 6], [42]]
+
+
+def build(target: Transformer, draft: Transformer, max_sequences: int = 8) -> SpeculativeStep:
+    """A step whose steep verify cost makes the verifier trim drafts."""
+    return SpeculativeStep.from_models(
+        target, draft, K, max_sequences, 96,
+        draft_cost=CostTable.linear(0.1, 0.01, 64), verify_cost=CostTable.linear(1.0, 1.0, 512),
+    )  # fmt: skip
+
+
+def greedy_reference(model: Transformer, prompt: list[int], max_tokens: int) -> list[int]:
+    """Target-only greedy decoding with a plain loop over Transformer.forward; EOS stops."""
+    tokens: list[int] = []
+    for _ in range(max_tokens):
+        token = int(model(torch.tensor([prompt + tokens]))[0, -1].float().argmax())
+        if token == EOS:
+            break
+        tokens.append(token)
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[Transformer, Transformer]:
+    """Target and a perturbed copy of it as draft (agrees on about 2/3 of greedy tokens)."""
+    target = tiny_model(20, layers=2, width=32)
+    return target, perturbed(target, 0.3, seed=5)
+
+
+@pytest.fixture(scope="module")
+def references(pair) -> list[list[int]]:
+    return [greedy_reference(pair[0], p, 12) for p in PROMPTS]
+
+
+@pytest.mark.parametrize(
+    ("adaptive", "num_draft", "drafter"),
+    [
+        (True, K, "perturbed"),
+        (False, K, "perturbed"),
+        (True, 0, "perturbed"),
+        (True, K, "unrelated"),
+        (True, K, "target"),
+        (False, 3, "target"),
+    ],
+    ids=["av-on", "av-off", "no-drafts", "av-on-unrelated-draft", "av-on-draft-is-target",
+         "av-off-draft-is-target"],
+)  # fmt: skip
+def test_greedy_equals_target_only(pair, references, adaptive, num_draft, drafter) -> None:
+    target, draft = pair
+    same_model = drafter == "target"
+    if drafter == "unrelated":
+        draft = tiny_model(21, layers=1, width=16)
+    step = build(target, target if same_model else draft)
+    scheduler = Scheduler(step, EOS, 8, 96, K)
+    requests = [
+        GenerationRequest(p, 12, temperature=0.0, num_draft_tokens=num_draft, adaptive=adaptive)
+        for p in PROMPTS
+    ]
+    assert generate(scheduler, requests) == references
+    c = scheduler.counters
+    if same_model:
+        assert c.accepted == c.verified > 0, "a draft identical to the target is always right"
+    elif num_draft:
+        assert c.accepted < c.verified, "random drafts get rejected: correction paths ran"
+    if adaptive and num_draft:
+        assert c.verified < c.drafted, "the steep verify cost makes AV trim"
+    if not adaptive:
+        assert c.verified == c.drafted
+    assert step.draft.cache.num_live == 0 and step.target.cache.num_live == 0
+
+
+def test_sampled_output_does_not_depend_on_the_batch(pair) -> None:
+    target, draft = pair
+    sampled = {"temperature": 1.0, "top_p": 0.9, "num_draft_tokens": K, "adaptive": False}
+    request = GenerationRequest([5, 6, 7], 16, random_seed=1234, **sampled)
+    others = [
+        GenerationRequest(p, 10, temperature=0.8, random_seed=i, num_draft_tokens=K, adaptive=False)
+        for i, p in enumerate(PROMPTS)
+    ]
+    alone = generate(build(target, draft), [request])[0]
+    batched = generate(build(target, draft), [others[0], request, *others[1:]])[1]
+    assert alone == batched and len(alone) > 0
+    reseeded = GenerationRequest([5, 6, 7], 16, random_seed=99, **sampled)
+    assert generate(build(target, draft), [reseeded])[0] != alone
+
+
+def test_failing_sequence_is_isolated_with_real_stages(pair, references) -> None:
+    """Caches hold 2 sequences but the batch is 3: the third fails alone, replays are safe."""
+    target, draft = pair
+    scheduler = Scheduler(build(target, draft, max_sequences=2), EOS, 3, 96, K)
+    tokens: dict[int, list[int]] = {}
+    errors: dict[int, Exception] = {}
+    for i, prompt in enumerate(PROMPTS[:3]):
+        scheduler.submit(
+            GenerationRequest(prompt, 12, temperature=0.0, num_draft_tokens=K),
+            lambda r, i=i: tokens.setdefault(i, []).extend(r.new_tokens),
+            lambda e, i=i: errors.setdefault(i, e),
+        )
+    scheduler.run_until_idle()
+    assert list(errors) == [2]
+    assert tokens[0] == references[0] and tokens[1] == references[1]
+    assert scheduler.counters.step_failures >= 1
+
+
+def test_from_model_dirs(tmp_path, pair) -> None:
+    target, draft = pair
+    save_model_dir(tmp_path / "target", target, ByteTokenizer())
+    save_model_dir(tmp_path / "draft", draft, ByteTokenizer())
+    step = SpeculativeStep.from_model_dirs(tmp_path / "target", tmp_path / "draft", K, 4, 64)
+    out = generate(
+        step,
+        [GenerationRequest(PROMPTS[0], 6, temperature=0.0, num_draft_tokens=K)],
+        max_context=64,
+    )
+    assert out == [greedy_reference(target.float(), PROMPTS[0], 6)]
+    target.double()
+
+
+def test_mismatched_stages_rejected(pair) -> None:
+    target, draft = pair
+    a, b = build(target, draft), build(target, draft)
+    b.target.max_draft_tokens = K - 1
+    with pytest.raises(ValueError, match="drafts"):
+        SpeculativeStep(a.draft, a.verifier, b.target)

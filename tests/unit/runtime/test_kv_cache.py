@@ -1,0 +1,95 @@
+"""KV cache slot bookkeeping, rollback and limits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from avspec.runtime.kv_cache import CacheLimitError, KVCache
+
+SIZES = (2, 2, 8)  # layers, heads, head_dim
+
+
+def make_cache(max_sequences: int = 2, max_length: int = 8) -> KVCache:
+    return KVCache(*SIZES, max_sequences, max_length, "cpu")
+
+
+def test_buffers_are_preallocated_with_the_documented_shape():
+    cache = make_cache(3, 8)
+    assert cache.k.shape == (2, 3, 2, 8, 8) and cache.v.shape == (2, 3, 2, 8, 8)
+    assert cache.k.dtype == torch.float32
+    assert KVCache(*SIZES, 1, 4, "cpu", torch.float64).v.dtype == torch.float64
+    assert cache.attention_shape == SIZES
+
+
+def test_allocate_free_and_slot_reuse():
+    cache = make_cache()
+    cache.allocate(10)
+    cache.allocate(20)
+    assert cache.live_ids() == [10, 20] and cache.num_live == 2
+    assert cache.has(10) and not cache.has(30)
+    with pytest.raises(CacheLimitError, match="2 sequences"):
+        cache.allocate(30)
+    with pytest.raises(ValueError, match="already allocated"):
+        cache.allocate(20)
+    slot = cache.slot(10)
+    cache.reserve([10], [5])
+    cache.advance([10], [5])
+    cache.free(10)
+    assert not cache.has(10) and cache.num_live == 1
+    cache.allocate(30)  # the freed slot is reused, empty
+    assert cache.slot(30) == slot and cache.length(30) == 0
+
+
+def test_unknown_sequence_ids_raise():
+    cache = make_cache()
+    for call in (cache.free, cache.length, cache.slot, lambda s: cache.rollback(s, 0)):
+        with pytest.raises(ValueError, match="sequence 7 is not allocated"):
+            call(7)
+    with pytest.raises(ValueError, match="not allocated"):
+        cache.reserve([7], [1])
+
+
+def test_rollback_only_shrinks():
+    cache = make_cache()
+    cache.allocate(1)
+    cache.advance([1], [6])
+    cache.rollback(1, 6)
+    cache.rollback(1, 2)
+    assert cache.length(1) == 2
+    with pytest.raises(ValueError, match="holds 2 positions"):
+        cache.rollback(1, 3)
+    with pytest.raises(ValueError, match="holds 2 positions"):
+        cache.rollback(1, -1)
+
+
+def test_reserve_checks_max_length_without_changing_state():
+    cache = make_cache(2, 8)
+    cache.allocate(1)
+    cache.allocate(2)
+    assert cache.reserve([2, 1], [8, 3]) == ([1, 0], [0, 0])
+    cache.advance([1], [5])
+    with pytest.raises(CacheLimitError, match="sequence 1 would reach 9 positions.*max_length 8"):
+        cache.reserve([2, 1], [1, 4])
+    assert cache.length(1) == 5 and cache.length(2) == 0
+    with pytest.raises(ValueError, match="repeat"):
+        cache.reserve([1, 1], [1, 1])
+
+
+def test_write_and_read_round_trip():
+    cache = make_cache(2, 8)
+    keys = torch.randn(3, 2, 8, generator=torch.Generator().manual_seed(0))
+    slots, positions = torch.tensor([1, 1, 0]), torch.tensor([0, 1, 0])
+    cache.write(1, slots, positions, keys, -keys)
+    k, v = cache.read(1, torch.tensor([1, 0]), 2)  # (batch, heads, key_length, head_dim)
+    assert k.shape == (2, 2, 2, 8)
+    torch.testing.assert_close(k[0].transpose(0, 1), keys[:2])
+    torch.testing.assert_close(v[1, :, 0], -keys[2])
+    assert cache.k[0].abs().sum() == 0  # other layers untouched
+
+
+def test_constructor_validation():
+    with pytest.raises(ValueError, match="max_sequences and max_length must be >= 1"):
+        KVCache(*SIZES, 0, 8, "cpu")
+    with pytest.raises(ValueError, match="num_layers, num_heads and head_dim must be >= 1"):
+        KVCache(2, 0, 8, 1, 8, "cpu")

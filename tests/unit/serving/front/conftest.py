@@ -1,0 +1,69 @@
+"""Fixtures of the front's tests: fake upstreams, and a front in front of them (per module)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+from http.server import ThreadingHTTPServer
+
+import grpc
+import pytest
+from helpers.front_fakes import ADMIN_KEY, FakeHttp, FakeTriton, front_config, make_handler
+from tritonclient.grpc import service_pb2_grpc
+
+from avspec.serving.front import Front
+
+
+@pytest.fixture(scope="module")
+def fake_http():
+    fake = FakeHttp()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(fake))
+    server.daemon_threads = True
+    fake.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield fake
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def fake_grpc():
+    fake = FakeTriton()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    fake.port = port
+    yield fake
+    server.stop(grace=None)
+
+
+@pytest.fixture(scope="module")
+def state():
+    return {"ready": True}
+
+
+@pytest.fixture(scope="module")
+def front(fake_http, fake_grpc, state):
+    config = front_config(fake_http, fake_grpc, admin_key=ADMIN_KEY, ready=lambda: state["ready"])
+    with Front(config) as running:
+        yield running
+
+
+@pytest.fixture
+def stub(front):
+    with grpc.insecure_channel(f"127.0.0.1:{front.grpc_port}") as channel:
+        yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+
+@pytest.fixture(autouse=True)
+def clean(request, state):
+    """Each test starts with ready stages and fakes that have seen nothing."""
+    state["ready"] = True
+    if "fake_http" in request.fixturenames:
+        request.getfixturevalue("fake_http").clear()
+    if "fake_grpc" in request.fixturenames:
+        fake = request.getfixturevalue("fake_grpc")
+        fake.calls.clear()
+        fake.cancelled.clear()

@@ -1,0 +1,201 @@
+"""Request parsing and response assembly of the entry model (no server)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import ROOT
+
+from avspec.engine.scheduler import StepReport
+from avspec.runtime.tokenizer import ByteTokenizer
+from avspec.serving.repository import (
+    EntryParams,
+    model_parameters,
+    parse_parameters,
+    read_config_parameters,
+)
+from avspec.serving.requests import (
+    MAX_TEMPERATURE,
+    RequestError,
+    ResponseStream,
+    parse_client,
+    parse_generation_inputs,
+)
+
+ENTRY_CONFIG = ROOT / "model_repository/speculative/config.pbtxt"
+
+PARAMS = EntryParams(max_draft_tokens=8, adaptive_verification=True)
+TOKENIZER = ByteTokenizer()
+
+
+def inputs(**values: object) -> dict[str, np.ndarray]:
+    base: dict[str, object] = {"text_input": b"hi", "max_tokens": 4}
+    base.update(values)
+    return {
+        k: np.array([v], dtype=object if isinstance(v, bytes) else None) for k, v in base.items()
+    }
+
+
+def parse(**values: object):
+    return parse_generation_inputs(inputs(**values), PARAMS, TOKENIZER)
+
+
+def test_defaults() -> None:
+    request, stream = parse()
+    assert request.prompt_ids == [104, 105] and request.max_tokens == 4
+    assert (request.temperature, request.top_p, request.random_seed) == (1.0, 1.0, 0)
+    assert request.num_draft_tokens == 8 and request.adaptive is True and stream is False
+
+
+def test_all_inputs() -> None:
+    request, stream = parse(
+        temperature=np.float32(0.0), top_p=np.float32(0.9), random_seed=np.uint64(2**64 - 1),
+        stream=True, num_draft_tokens=np.int32(0), adaptive_verification=False,
+    )  # fmt: skip
+    assert request.temperature == 0.0 and request.top_p == pytest.approx(0.9)
+    assert 0 <= request.random_seed < 2**63
+    assert request.num_draft_tokens == 0 and request.adaptive is False and stream is True
+
+
+def test_adaptive_default_from_parameters() -> None:
+    request, _ = parse_generation_inputs(
+        inputs(), EntryParams(adaptive_verification=False), TOKENIZER
+    )
+    assert request.adaptive is False
+
+
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        ({"text_input": b""}, "text_input"),
+        ({"text_input": b"\xff\xfe"}, "UTF-8"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"temperature": -0.5}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 2.0}, "top_p"),
+        ({"num_draft_tokens": 9}, "num_draft_tokens"),
+        ({"num_draft_tokens": -1}, "num_draft_tokens"),
+        ({"temperature": 1e39}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"temperature": np.float32(MAX_TEMPERATURE) * 1.01}, "temperature"),
+        ({"top_p": float("inf")}, "top_p"),
+        ({"top_p": float("-inf")}, "top_p"),
+        # wider integers than declared are refused as received, never wrapped into int32
+        ({"max_tokens": np.uint64(4294967300)}, "max_tokens must lie in 1..2147483647"),
+        ({"max_tokens": np.int64(4294967300)}, "max_tokens"),
+        ({"max_tokens": np.int64(2**31)}, "max_tokens"),
+        ({"max_tokens": np.int64(-(2**40))}, "max_tokens"),
+        ({"max_tokens": 4.0}, "max_tokens must be an integer"),
+        ({"max_tokens": True}, "max_tokens must be an integer"),
+        ({"num_draft_tokens": np.uint64(2**32 + 3)}, "num_draft_tokens"),
+        ({"random_seed": 1.5}, "random_seed must be an integer"),
+    ],
+)
+def test_invalid_inputs_name_the_problem(values: dict, problem: str) -> None:
+    with pytest.raises(RequestError, match=problem):
+        parse(**values)
+
+
+def test_integer_and_temperature_bounds_are_inclusive() -> None:
+    request, _ = parse(max_tokens=np.uint64(2**31 - 1), temperature=MAX_TEMPERATURE)
+    assert request.max_tokens == 2**31 - 1 and request.temperature == MAX_TEMPERATURE
+    request, _ = parse(random_seed=np.int64(-1))
+    assert request.random_seed == 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    ("parameters", "client"),
+    [
+        (None, ""),
+        ("", ""),
+        ("{}", ""),
+        ('{"priority": 1}', ""),
+        ('{"avspec-client": "tenant-7"}', "tenant-7"),
+        ('{"Avspec-Client": "tenant-7"}', "tenant-7"),
+        ('{"avspec-client": ""}', ""),
+    ],
+)
+def test_parse_client(parameters: str | None, client: str) -> None:
+    assert parse_client(parameters) == client
+
+
+@pytest.mark.parametrize(
+    ("parameters", "problem"),
+    [
+        ('{"avspec-client": 7}', "avspec-client must be a string"),
+        ('{"avspec-client": "' + "x" * 257 + '"}', "at most 256"),
+        ("{not json", "not valid JSON"),
+        ("[1]", "JSON object"),
+    ],
+)
+def test_parse_client_refuses(parameters: str, problem: str) -> None:
+    with pytest.raises(RequestError, match=problem):
+        parse_client(parameters)
+
+
+def test_client_reaches_the_request() -> None:
+    request, _ = parse_generation_inputs(inputs(), PARAMS, TOKENIZER, client="tenant-7")
+    assert request.client == "tenant-7"
+    assert parse()[0].client == ""
+
+
+def test_entry_config_lists_the_admission_and_refit_parameters() -> None:
+    params = read_config_parameters(ENTRY_CONFIG.read_text())
+    entry = parse_parameters(EntryParams, model_parameters({"parameters": params}))
+    assert (entry.max_queued, entry.max_queued_per_client) == (256, 64)
+    assert (entry.refit_max_temperature, entry.refit_client_share) == (2.0, 0.25)
+    assert entry == EntryParams(max_context=entry.max_context)  # config agrees with the defaults
+    unbounded = parse_parameters(EntryParams, {"max_queued": "none", "max_queued_per_client": ""})
+    assert unbounded.max_queued is None and unbounded.max_queued_per_client is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("max_queued", 0),
+        ("max_queued_per_client", 0),
+        ("refit_max_temperature", -1.0),
+        ("refit_max_temperature", float("nan")),
+        ("refit_client_share", 0.0),
+        ("refit_client_share", 1.5),
+    ],
+)
+def test_entry_params_reject_bad_admission_and_refit_values(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        EntryParams(**{field: value})
+
+
+def test_missing_required_inputs() -> None:
+    with pytest.raises(RequestError, match="text_input is required"):
+        parse_generation_inputs({"max_tokens": np.array([3])}, PARAMS, TOKENIZER)
+    with pytest.raises(RequestError, match="max_tokens is required"):
+        parse_generation_inputs({"text_input": np.array([b"x"], dtype=object)}, PARAMS, TOKENIZER)
+
+
+def test_more_than_one_value() -> None:
+    values = inputs()
+    values["max_tokens"] = np.array([1, 2])
+    with pytest.raises(RequestError, match="exactly one value"):
+        parse_generation_inputs(values, PARAMS, TOKENIZER)
+
+
+def report(tokens: list[int], drafted: int = 2, finished: bool = False) -> StepReport:
+    return StepReport(tokens, drafted, 2, 1, finished, "length" if finished else None)
+
+
+def test_stream_sends_each_step_with_complete_characters() -> None:
+    stream = ResponseStream(stream=True)
+    euro = list("€".encode())  # three bytes split across two steps
+    first = stream.on_step(report([ord("a"), euro[0]]))
+    second = stream.on_step(report(euro[1:], finished=True))
+    assert (first.text, first.final, first.drafted) == ("a", False, 2)
+    assert (second.text, second.final) == ("€", True)
+
+
+def test_non_stream_sends_once_with_totals() -> None:
+    stream = ResponseStream(stream=False)
+    assert stream.on_step(report([ord("a")])) is None
+    final = stream.on_step(report([ord("b"), 256], drafted=3, finished=True))
+    assert (final.text, final.drafted, final.verified, final.accepted) == ("ab", 5, 4, 2)
+    assert final.final and stream.finish_reason == "length"
