@@ -9,7 +9,7 @@ Reads the .npz of client/collect_drafts.py (every draft verified) and prints mar
 2. AUC and calibration by draft position (as served);
 3. per workload: offline-fitted slope and first intercept, the online estimator's final ones,
    acceptance rate and mean draft entropy;
-4. with --cost-tables: the oracle bound (avspec.tools.frontier.oracle_bound) per workload, with the
+4. with --cost-tables: the oracle bound (avspec.tools.oracle.oracle_bound) per workload, with the
    AV replay started cold (reference starting values) and warm (the workload's offline fit, as
    a server that has run long enough would hold).
 
@@ -35,7 +35,7 @@ from avspec.av.estimator import AcceptanceEstimator
 from avspec.config import EstimatorConfig
 from avspec.serving.adapters import load_cost_tables
 from avspec.tools.features_zoo import cross_fit_predictions, fit_logistic, label_matrix
-from avspec.tools.frontier import RecordedSteps, oracle_bound
+from avspec.tools.oracle import RecordedSteps, oracle_bound
 
 # (row label, npz feature, how): "served" = recorded online predictions, "fit" = cross-fit,
 # "direct" = exp(feature) used as the probability.

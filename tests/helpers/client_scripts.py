@@ -18,3 +18,9 @@ def load_client_script(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_profile_serving_costs() -> ModuleType:
+    """client/profile_serving_costs.py, after bench_overhead.py (which it imports by name)."""
+    load_client_script("bench_overhead")
+    return load_client_script("profile_serving_costs")

@@ -5,20 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers.client_scripts import load_client_script
+from helpers.client_scripts import load_profile_serving_costs
 
 from avspec.serving.adapters import load_cost_tables
-
-
-def profiler():
-    load_client_script("bench_overhead")  # profile_serving_costs imports it by name
-    return load_client_script("profile_serving_costs")
 
 
 def test_cost_tables_from_triton_metrics(server, tmp_path: Path):
     """Concurrency 1 and 3, K 0 and 4, 6 tokens: 4 points, read back by the verifier's loader."""
     out = tmp_path / "costs.json"
-    rc = profiler().main([
+    rc = load_profile_serving_costs().main([
         "--http-url", server.http_url, "--metrics-url", server.metrics_url,
         "--concurrency", "1,3", "--draft-tokens", "0,4", "--max-tokens", "6",
         "--out", str(out),

@@ -13,14 +13,25 @@ it back as an input).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from avspec.checks import check_shape
-from avspec.contract import StepInputs, StepOutputs, read_step_inputs
+from avspec.contract import HostStep, StepInputs, StepOutputs, read_step_inputs
 from avspec.engine.rejection import rejection_sample
 from avspec.engine.sampling import warp_probs
 from avspec.engine.stage import TARGET_SALT, ModelStage
+
+
+@dataclass
+class VerifyBatch:
+    """The ragged batch of one target pass and where each row's target logits sit in it."""
+
+    tokens: torch.Tensor  # [tokens] int64: per row, its pending inputs then its verified drafts
+    lengths: list[int]  # per row, its number of tokens in `tokens`
+    gather: torch.Tensor  # [batch, K + 1] int64, index into `tokens` of the logits per position
 
 
 class TargetStage(ModelStage):
@@ -46,52 +57,45 @@ class TargetStage(ModelStage):
         """
         k, vocab = self.max_draft_tokens, self.model.config.vocab_size
         step = read_step_inputs(inputs, k)
-        batch = inputs.batch_size
-        check_shape("draft_tokens", draft_tokens, (batch, k))
-        check_shape("draft_probs", draft_probs, (batch, k, vocab))
-        check_shape("num_verify", num_verify, (batch,))
-        verify = num_verify.tolist()
-        for r in range(batch):
-            if not 0 <= verify[r] <= step.num_draft_tokens[r]:
-                raise ValueError(
-                    f"num_verify[{r}] = {verify[r]} outside 0..num_draft_tokens "
-                    f"({step.num_draft_tokens[r]})"
-                )
+        verify = check_verify_inputs(step, k, vocab, draft_tokens, draft_probs, num_verify)
         offsets = self.slots.prepare(step)
-        if batch == 0:
+        if inputs.batch_size == 0:
             empty = torch.zeros(0, dtype=torch.int32, device=self.device)
             return StepOutputs(empty.reshape(0, k + 1), empty, empty)
         draft_tokens = draft_tokens.to(self.device)
-        pending = [n - o for n, o in zip(step.input_lengths, offsets, strict=True)]
-        packed = torch.cat(
-            [
-                torch.cat(
-                    (
-                        inputs.input_ids[r, offsets[r] : step.input_lengths[r]].to(self.device),
-                        draft_tokens[r, : verify[r]],
-                    )
-                )
-                for r in range(batch)
-            ]
-        ).long()  # [tokens]
-        lengths = [p + v for p, v in zip(pending, verify, strict=True)]
-        logits = self.model.forward_cached(self.cache, step.seq_ids, packed, lengths)
-        # Row r, position j reads the logits at its token pending - 1 + min(j, num_verify);
-        # positions past num_verify repeat the bonus position and are ignored by rejection.
-        row_start = [0, *itertools.accumulate(lengths)][:batch]
-        gather = [
-            [row_start[r] + pending[r] - 1 + min(j, verify[r]) for j in range(k + 1)]
-            for r in range(batch)
-        ]
-        target_logits = logits[torch.tensor(gather, device=self.device)]  # [batch, K + 1, vocab]
-        target_probs = warp_probs(
-            target_logits,
+        num_verify = num_verify.to(self.device, torch.int32)
+        packed = pack_verify_batch(
+            inputs.input_ids, offsets, step.input_lengths, draft_tokens, verify
+        )
+        target_probs = self._target_probs(inputs, step, packed)
+        output_ids, num_accepted = self._reject(
+            step, draft_tokens, draft_probs, target_probs, num_verify
+        )
+        self._roll_back(step, num_accepted)
+        return StepOutputs(output_ids, num_accepted, num_verify)
+
+    def _target_probs(
+        self, inputs: StepInputs, step: HostStep, packed: VerifyBatch
+    ) -> torch.Tensor:
+        """Run the packed batch through the target; return the warped p [batch, K + 1, vocab]."""
+        logits = self.model.forward_cached(self.cache, step.seq_ids, packed.tokens, packed.lengths)
+        return warp_probs(
+            logits[packed.gather],  # [batch, K + 1, vocab]
             inputs.temperature.to(self.device, torch.float32),
             inputs.top_p.to(self.device, torch.float32),
             check_values=self.check_values,
         )
-        num_verify = num_verify.to(self.device, torch.int32)
-        output_ids, num_accepted = rejection_sample(
+
+    def _reject(
+        self,
+        step: HostStep,
+        draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor,
+        target_probs: torch.Tensor,
+        num_verify: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rejection-sample every row with its own generator: (output_ids, num_accepted)."""
+        return rejection_sample(
             draft_tokens,
             draft_probs.to(self.device, torch.float32),
             target_probs,
@@ -99,8 +103,69 @@ class TargetStage(ModelStage):
             self.slots.generators(step.seq_ids),
             check_values=self.check_values,
         )
+
+    def _roll_back(self, step: HostStep, num_accepted: torch.Tensor) -> None:
+        """Keep each row's committed inputs and accepted drafts cached; drop the rest."""
         accepted = num_accepted.tolist()
         for r, seq_id in enumerate(step.seq_ids):
             committed = step.start_positions[r] + step.input_lengths[r]
             self.cache.rollback(seq_id, committed + accepted[r])
-        return StepOutputs(output_ids, num_accepted, num_verify)
+
+
+def check_verify_inputs(
+    step: HostStep,
+    max_draft_tokens: int,
+    vocab: int,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    num_verify: torch.Tensor,
+) -> list[int]:
+    """Check the drafts' shapes and 0 <= num_verify <= num_draft_tokens; return num_verify."""
+    batch, k = len(step.seq_ids), max_draft_tokens
+    check_shape("draft_tokens", draft_tokens, (batch, k))
+    check_shape("draft_probs", draft_probs, (batch, k, vocab))
+    check_shape("num_verify", num_verify, (batch,))
+    verify = num_verify.tolist()
+    for r in range(batch):
+        if not 0 <= verify[r] <= step.num_draft_tokens[r]:
+            raise ValueError(
+                f"num_verify[{r}] = {verify[r]} outside 0..num_draft_tokens "
+                f"({step.num_draft_tokens[r]})"
+            )
+    return verify
+
+
+def pack_verify_batch(
+    input_ids: torch.Tensor,
+    offsets: Sequence[int],
+    input_lengths: Sequence[int],
+    draft_tokens: torch.Tensor,
+    verify: Sequence[int],
+) -> VerifyBatch:
+    """Pack row r's input_ids[r, offsets[r]:input_lengths[r]] then its first verify[r] drafts.
+
+    input_ids: [batch, position] int, draft_tokens: [batch, K] int (on the model's device).
+    Row r, position j reads the logits at its token pending - 1 + min(j, verify[r]);
+    positions past verify[r] repeat the bonus position and are ignored by rejection.
+    """
+    batch, k = draft_tokens.shape
+    device = draft_tokens.device
+    pending = [n - o for n, o in zip(input_lengths, offsets, strict=True)]
+    tokens = torch.cat(
+        [
+            torch.cat(
+                (
+                    input_ids[r, offsets[r] : input_lengths[r]].to(device),
+                    draft_tokens[r, : verify[r]],
+                )
+            )
+            for r in range(batch)
+        ]
+    ).long()  # [tokens]
+    lengths = [p + v for p, v in zip(pending, verify, strict=True)]
+    row_start = [0, *itertools.accumulate(lengths)][:batch]
+    gather = [
+        [row_start[r] + pending[r] - 1 + min(j, verify[r]) for j in range(k + 1)]
+        for r in range(batch)
+    ]
+    return VerifyBatch(tokens, lengths, torch.tensor(gather, device=device))

@@ -1,40 +1,47 @@
-"""The Triton-free bodies of the draft, verifier and target `model.py` adapters.
+"""The Triton-free bodies of the draft, target and verifier models: one adapter per stage.
 
 Each adapter is built once from its parsed parameters and called with the request's input
-tensors as numpy arrays (named as in its config.pbtxt); it returns the output arrays. The
-`model.py` files only move tensors in and out of `pb_utils` and push metric values, so
-everything here runs in unit tests without a server.
+tensors as torch tensors named as in its config.pbtxt; it returns its output tensors in the
+contract's dtypes, on the device its stage computed them on. One code path for CPU and GPU: a
+CPU model hands in numpy views and sends numpy copies back, a GPU variant (configs/gpu.pbtxt)
+keeps device tensors on the device through DLPack; that hand-over is the model class's
+(avspec.serving.triton_model), and the device a parameter. So everything here runs in unit
+tests without a server.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
-import numpy as np
 import torch
 
 from avspec.av.cost_table import CostTable
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
 from avspec.av.snapshot import SnapshotError, load_snapshot, move_aside, save_snapshot
-from avspec.av.verifier import AdaptiveVerifier
+from avspec.av.verifier import AdaptiveVerifier, VerifyDecision
 from avspec.config import EstimatorConfig
 from avspec.contract import base_tokens
 from avspec.engine.draft_stage import DraftStage
+from avspec.engine.stage import ModelStage
 from avspec.engine.target_stage import TargetStage
 from avspec.runtime.model_dir import load_model_dir
 from avspec.serving.repository import (
     StageParams,
     VerifierParams,
     resolve_path,
-    step_inputs_from_numpy,
-    to_numpy,
+    step_inputs_from_tensors,
 )
 
 logger = logging.getLogger(__name__)
+
+# A request's tensors by name, as in the model's config.pbtxt.
+Tensors = Mapping[str, torch.Tensor]
 
 # Linear fallbacks when no measured cost tables exist: target 10x the draft.
 FALLBACK_MAX_SEQUENCES = 128
@@ -98,17 +105,19 @@ def load_estimator(
     return estimator
 
 
-class StageAdapter:
-    """The draft or target stage behind a Triton model: KV cache + model + stage object."""
+class StageAdapter(ABC):
+    """A model stage behind a Triton model: model directory + KV cache + stage object.
 
-    def __init__(self, kind: str, params: StageParams, root: Path) -> None:
-        stages = {"draft": DraftStage, "target": TargetStage}
-        if kind not in stages:
-            raise ValueError(f"stage kind must be one of {sorted(stages)}, got {kind!r}")
-        self.kind = kind
+    A subclass per stage names its stage class and turns the request's tensors into the
+    stage's call; STAGE_ADAPTERS picks one by stage name.
+    """
+
+    stage_class: ClassVar[type[ModelStage]]
+
+    def __init__(self, params: StageParams, root: Path) -> None:
         model, _ = load_model_dir(resolve_path(root, params.model_dir), params.device)
         cache = model.new_cache(params.max_sequences, params.max_length, params.device)
-        self.stage = stages[kind](
+        self.stage = self.stage_class(
             model, cache, params.max_draft_tokens, idle_timeout_s=params.idle_timeout_s
         )
 
@@ -117,25 +126,48 @@ class StageAdapter:
         """Sequences holding a KV cache slot (the av_kv_live_sequences gauge)."""
         return int(self.stage.cache.num_live)
 
-    def __call__(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        inputs = step_inputs_from_numpy(arrays)
-        if self.kind == "draft":
-            out = self.stage(inputs)
-            return {
-                "draft_tokens": to_numpy(out.draft_tokens, np.int32),
-                "draft_probs": to_numpy(out.draft_probs, np.float32),
-                "draft_features": to_numpy(out.draft_features, np.float32),
-            }
-        out = self.stage(
-            inputs,
-            torch.from_numpy(np.ascontiguousarray(arrays["draft_tokens"], dtype=np.int32)),
-            torch.from_numpy(np.ascontiguousarray(arrays["draft_probs"], dtype=np.float32)),
-            torch.from_numpy(np.ascontiguousarray(arrays["num_verify"], dtype=np.int32)),
-        )
+    @abstractmethod
+    def __call__(self, tensors: Tensors) -> dict[str, torch.Tensor]:
+        """The stage's output tensors for one request's input tensors."""
+
+
+class DraftAdapter(StageAdapter):
+    """Step inputs in; drafts [batch, K] int32, q [batch, K, vocab] and features [batch, K] out."""
+
+    stage_class = DraftStage
+
+    def __call__(self, tensors: Tensors) -> dict[str, torch.Tensor]:
+        out = self.stage(step_inputs_from_tensors(tensors))
         return {
-            "output_ids": to_numpy(out.output_ids, np.int32),
-            "num_accepted": to_numpy(out.num_accepted, np.int32),
+            "draft_tokens": out.draft_tokens,
+            "draft_probs": out.draft_probs,
+            "draft_features": out.draft_features,
         }
+
+
+class TargetAdapter(StageAdapter):
+    """Step inputs, drafts and num_verify in; output_ids [batch, K + 1], num_accepted out."""
+
+    stage_class = TargetStage
+
+    def __call__(self, tensors: Tensors) -> dict[str, torch.Tensor]:
+        out = self.stage(
+            step_inputs_from_tensors(tensors),
+            tensors["draft_tokens"],
+            tensors["draft_probs"],
+            tensors["num_verify"],
+        )
+        return {"output_ids": out.output_ids, "num_accepted": out.num_accepted}
+
+
+STAGE_ADAPTERS: dict[str, type[StageAdapter]] = {"draft": DraftAdapter, "target": TargetAdapter}
+
+
+def stage_adapter(stage: str, params: StageParams, root: Path) -> StageAdapter:
+    """The adapter of the model stage named `stage` ("draft" or "target")."""
+    if stage not in STAGE_ADAPTERS:
+        raise ValueError(f"stage must be one of {sorted(STAGE_ADAPTERS)}, got {stage!r}")
+    return STAGE_ADAPTERS[stage](params, root)
 
 
 @dataclass
@@ -163,41 +195,35 @@ class VerifierAdapter:
         self.verifier = AdaptiveVerifier(self.estimator, draft_cost, verify_cost)
         self.device = self.estimator.device
 
-    def __call__(
-        self, arrays: Mapping[str, np.ndarray]
-    ) -> tuple[dict[str, np.ndarray], VerifierStepStats]:
-        def tensor(name: str, dtype: type) -> torch.Tensor:
-            array = np.ascontiguousarray(arrays[name], dtype=dtype)
-            return torch.from_numpy(array).to(self.device)
+    def __call__(self, tensors: Tensors) -> tuple[dict[str, torch.Tensor], VerifierStepStats]:
+        """One verifier step; num_verify [batch] int32 stays on the estimator's device.
 
-        prev_num_accepted = tensor("prev_num_accepted", np.int32)
+        Features and the per-row vectors move to the estimator's device; seq ids, releases and
+        the budget's base tokens are read on the host, where the scheduler builds them. The
+        step itself does not sync the host (checked on a GPU by client/gpu_check.py); the
+        metrics then read the step's counts with one copy (`step_stats`).
+        """
+
+        def on_device(name: str, dtype: torch.dtype) -> torch.Tensor:
+            return tensors[name].to(device=self.device, dtype=dtype)
+
+        prev_num_accepted = on_device("prev_num_accepted", torch.int32)
         refits = self.estimator.num_refits
         decision = self.verifier.step(
-            seq_ids=tensor("seq_ids", np.int64),
-            features=tensor("draft_features", np.float32),
-            num_draft_tokens=tensor("num_draft_tokens", np.int32),
-            adaptive=tensor("adaptive", np.bool_),
+            seq_ids=tensors["seq_ids"].cpu().long(),
+            features=on_device("draft_features", torch.float32),
+            num_draft_tokens=on_device("num_draft_tokens", torch.int32),
+            adaptive=on_device("adaptive", torch.bool),
             prev_num_accepted=prev_num_accepted,
-            release_seq_ids=tensor("release_seq_ids", np.int64),
-            base_tokens=base_tokens(
-                np.asarray(arrays["input_lengths"], dtype=np.int64),
-                np.asarray(arrays["reusable"], dtype=np.int64),
-            ),
+            release_seq_ids=tensors["release_seq_ids"].cpu().long(),
+            base_tokens=base_tokens(tensors["input_lengths"].cpu(), tensors["reusable"].cpu()),
         )
         refitted = self.estimator.num_refits != refits
         if refitted:
             self.save_snapshot()
-        drafted = int(decision.drafted)
-        stats = VerifierStepStats(
-            batch_size=int(arrays["seq_ids"].shape[0]),
-            drafted=drafted,
-            verified=int(decision.verified),
-            accepted=int(accepted_counts(prev_num_accepted)[0].sum()),
-            trimmed=int(decision.trimmed),
-            budget_fraction=float(decision.budget) / drafted if drafted else None,
-            refitted=refitted,
-        )
-        return {"num_verify": to_numpy(decision.num_verify, np.int32)}, stats
+        batch_size = int(tensors["seq_ids"].shape[0])
+        stats = step_stats(decision, prev_num_accepted, batch_size, refitted)
+        return {"num_verify": decision.num_verify.to(torch.int32)}, stats
 
     def coefficients(self) -> tuple[float, list[float]]:
         """Current (slope, intercepts), host copies for the gauges."""
@@ -212,3 +238,25 @@ class VerifierAdapter:
             save_snapshot(self.estimator, self.snapshot)
         except (OSError, ValueError) as err:
             logger.warning("could not save estimator snapshot %s: %s", self.snapshot, err)
+
+
+def step_stats(
+    decision: VerifyDecision, prev_num_accepted: torch.Tensor, batch_size: int, refitted: bool
+) -> VerifierStepStats:
+    """The step's metrics, its four device scalars read to the host with one copy.
+
+    prev_num_accepted: [prev_batch] int32, on the estimator's device. One read per step, not
+    four: on a GPU each read is a host sync.
+    """
+    accepted = accepted_counts(prev_num_accepted)[0].long().sum()
+    scalars = torch.stack([decision.drafted, decision.verified, decision.budget, accepted])
+    drafted, verified, budget, accepted = scalars.tolist()
+    return VerifierStepStats(
+        batch_size=batch_size,
+        drafted=drafted,
+        verified=verified,
+        accepted=accepted,
+        trimmed=drafted - verified,
+        budget_fraction=budget / drafted if drafted else None,
+        refitted=refitted,
+    )

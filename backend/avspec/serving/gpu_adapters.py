@@ -1,32 +1,21 @@
-"""The Triton-free bodies of the GPU `model_gpu.py` / `trtllm_target` adapters.
+"""The Triton-free body of the GPU repository's `trtllm_target` model (docs/gpu.md).
 
-The CPU adapters (avspec.serving.adapters) take and return numpy arrays. On the GPU path
-(`--model-config-name=gpu`, parameter FORCE_CPU_ONLY_INPUT_TENSORS "no") a model may receive
-device tensors and returns device tensors through DLPack, so these helpers take and return torch
-tensors and leave each one on the device it lives on:
-
-- the scheduler's bookkeeping vectors arrive on the CPU and stay there (the stages read them on
-  the host by design, and the verifier matches sequences by id on the host);
-- drafts, draft probabilities, features and num_verify live on the GPU between models.
-
-`TrtllmTargetAdapter` is the fan-out / gather of the TensorRT-LLM target (avspec.trtllm.request);
-its model.py only sends the requests and collects the answers.
+The draft and the verifier run on the GPU through the same adapters as on the CPU
+(avspec.serving.adapters; their `model_gpu.py` only keeps outputs on the device). What the GPU
+deployment adds is the TensorRT-LLM target: `TrtllmTargetAdapter` fans a step out to one
+TensorRT-LLM request per sequence and gathers the answers (avspec.trtllm.request); its model.py
+only sends the requests and collects the answers. Inputs arrive as torch tensors and stay on
+their device: the scheduler's bookkeeping vectors on the CPU, drafts and q on the GPU.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from avspec.av.estimator import accepted_counts
-from avspec.contract import StepInputs, base_tokens
-from avspec.serving.adapters import VerifierAdapter, VerifierStepStats
-from avspec.serving.repository import STEP_INPUT_DTYPES
 from avspec.trtllm.request import (
     ContextLedger,
     TargetRequest,
@@ -34,106 +23,6 @@ from avspec.trtllm.request import (
     gather_outputs,
     parse_response,
 )
-
-# Parameters read by the Python backend itself, not by our adapters' parameter parsers.
-BACKEND_PARAMETERS = ("FORCE_CPU_ONLY_INPUT_TENSORS",)
-
-_TORCH_DTYPES = {
-    np.int64: torch.int64,
-    np.int32: torch.int32,
-    np.bool_: torch.bool,
-    np.float32: torch.float32,
-}
-
-
-def without_backend_parameters(args: Mapping[str, str]) -> dict[str, str]:
-    """Triton's `initialize` args with BACKEND_PARAMETERS removed from the model config JSON.
-
-    The CPU adapters parse their `parameters` block strictly (unknown keys fail), so the GPU
-    variants hand them the config without the keys only the backend reads.
-    """
-    config = json.loads(args["model_config"])
-    params = config.get("parameters", {})
-    config["parameters"] = {k: v for k, v in params.items() if k not in BACKEND_PARAMETERS}
-    return {**args, "model_config": json.dumps(config)}
-
-
-def tensor_from_pb(tensor: Any) -> torch.Tensor:
-    """A torch view of a `pb_utils.Tensor`: CPU through numpy, device memory through DLPack."""
-    if tensor.is_cpu():
-        return torch.from_numpy(np.ascontiguousarray(tensor.as_numpy()))
-    return torch.utils.dlpack.from_dlpack(tensor.to_dlpack())
-
-
-def step_inputs_from_tensors(tensors: Mapping[str, torch.Tensor]) -> StepInputs:
-    """StepInputs from torch tensors named like its fields (dtypes converted, devices kept)."""
-    missing = sorted(set(STEP_INPUT_DTYPES) - set(tensors))
-    if missing:
-        raise ValueError(f"missing step input(s): {', '.join(missing)}")
-    return StepInputs(
-        **{
-            name: tensors[name].to(_TORCH_DTYPES[dtype])
-            for name, dtype in STEP_INPUT_DTYPES.items()
-        }
-    )
-
-
-def run_draft(stage: Any, tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Run a DraftStage on the step inputs; outputs stay on the stage's device."""
-    out = stage(step_inputs_from_tensors(tensors))
-    return {
-        "draft_tokens": out.draft_tokens,
-        "draft_probs": out.draft_probs,
-        "draft_features": out.draft_features,
-    }
-
-
-def run_verifier(
-    adapter: VerifierAdapter, tensors: Mapping[str, torch.Tensor]
-) -> tuple[dict[str, torch.Tensor], VerifierStepStats]:
-    """One verifier step with device tensors; num_verify stays on the estimator's device.
-
-    The step itself does not sync the host when seq ids arrive on the CPU (checked on a GPU by
-    client/gpu_check.py); the metrics read three device scalars with one copy afterwards, the
-    one host read of this model per step (the TensorRT-LLM fan-out reads num_verify anyway).
-    """
-    device = adapter.device
-
-    def on_device(name: str, dtype: torch.dtype) -> torch.Tensor:
-        return tensors[name].to(device=device, dtype=dtype)
-
-    prev_num_accepted = on_device("prev_num_accepted", torch.int32)
-    refits = adapter.estimator.num_refits
-    decision = adapter.verifier.step(
-        seq_ids=tensors["seq_ids"].cpu().long(),
-        features=on_device("draft_features", torch.float32),
-        num_draft_tokens=on_device("num_draft_tokens", torch.int32),
-        adaptive=on_device("adaptive", torch.bool),
-        prev_num_accepted=prev_num_accepted,
-        release_seq_ids=tensors["release_seq_ids"].cpu().long(),
-        base_tokens=base_tokens(tensors["input_lengths"].cpu(), tensors["reusable"].cpu()),
-    )
-    refitted = adapter.estimator.num_refits != refits
-    if refitted:
-        adapter.save_snapshot()
-    drafted, verified, budget, accepted = torch.stack(
-        [
-            decision.drafted,
-            decision.verified,
-            decision.budget,
-            accepted_counts(prev_num_accepted)[0].long().sum(),
-        ]
-    ).tolist()
-    stats = VerifierStepStats(
-        batch_size=int(tensors["seq_ids"].shape[0]),
-        drafted=drafted,
-        verified=verified,
-        accepted=accepted,
-        trimmed=drafted - verified,
-        budget_fraction=budget / drafted if drafted else None,
-        refitted=refitted,
-    )
-    return {"num_verify": decision.num_verify}, stats
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@
   `avspec.config.from_parameters` from the `parameters` block of its `config.pbtxt`.
 - Relative paths in parameters resolve against the project root, the parent of the model
   repository directory (`model_repository/../models/draft` for `model_dir: "models/draft"`).
-- Conversion between numpy arrays (what Triton hands a Python model) and `StepInputs`.
+- Conversion of named torch tensors (or numpy arrays) to `StepInputs`, and of the step's
+  tensors to and from numpy for the entry model's BLS call.
 - `build_test_repository`: a copy of the repository with parameter overrides and absolute
   paths, for tests and benchmarks that must not write next to the real one.
 """
@@ -45,6 +46,13 @@ STEP_INPUT_DTYPES: dict[str, type] = {
     "random_seed": np.int64,
     "prev_num_accepted": np.int32,
     "release_seq_ids": np.int64,
+}
+# torch dtype of each numpy dtype above.
+TORCH_DTYPES: dict[type, torch.dtype] = {
+    np.int64: torch.int64,
+    np.int32: torch.int32,
+    np.bool_: torch.bool,
+    np.float32: torch.float32,
 }
 STEP_OUTPUT_DTYPES: dict[str, type] = {
     "output_ids": np.int32,
@@ -146,16 +154,17 @@ def resolve_path(root: Path, value: str) -> Path:
     return path if path.is_absolute() else (root / path)
 
 
-def step_inputs_from_numpy(arrays: Mapping[str, np.ndarray]) -> StepInputs:
-    """Build StepInputs from numpy arrays named like its fields (dtypes converted as declared)."""
-    missing = sorted(set(STEP_INPUT_DTYPES) - set(arrays))
+def step_inputs_from_tensors(tensors: Mapping[str, torch.Tensor]) -> StepInputs:
+    """StepInputs from torch tensors named like its fields: dtypes as declared, devices kept.
+
+    The one input converter of the stage adapters, CPU and GPU alike (a CPU model's tensors are
+    numpy views, a GPU model's may live on the device).
+    """
+    missing = sorted(set(STEP_INPUT_DTYPES) - set(tensors))
     if missing:
         raise ValueError(f"missing step input(s): {', '.join(missing)}")
     return StepInputs(
-        **{
-            name: torch.from_numpy(np.ascontiguousarray(arrays[name], dtype=dtype))
-            for name, dtype in STEP_INPUT_DTYPES.items()
-        }
+        **{name: tensors[name].to(TORCH_DTYPES[dtype]) for name, dtype in STEP_INPUT_DTYPES.items()}
     )
 
 
@@ -175,11 +184,6 @@ def step_outputs_from_numpy(arrays: Mapping[str, np.ndarray]) -> StepOutputs:
             for name, dtype in STEP_OUTPUT_DTYPES.items()
         }
     )
-
-
-def to_numpy(tensor: torch.Tensor, dtype: type) -> np.ndarray:
-    """Return a contiguous CPU numpy copy of `tensor` in `dtype` (for output tensors)."""
-    return np.ascontiguousarray(tensor.detach().cpu().numpy(), dtype=dtype)
 
 
 _PARAMETER = re.compile(

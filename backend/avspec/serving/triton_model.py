@@ -6,6 +6,12 @@ over as `pb`, a class attribute: `class TritonPythonModel(StageModel): STAGE = "
 pb = pb_utils`. Attributes of `pb` are read at call time, never at import: Triton's
 auto-complete pass imports model.py before the module is complete.
 
+One class per served kind, CPU and GPU alike: requests are read as torch tensors (CPU memory
+through numpy, device memory through DLPack) and handed to the stage's adapter
+(avspec.serving.adapters). The one difference of a GPU variant (configs/gpu.pbtxt, its
+`model_gpu.py`) is how outputs leave: `DeviceOutputs` sends them through DLPack, on their device,
+where a CPU model sends numpy copies.
+
 Every `MetricFamily` is kept on the model instance: a family that is garbage-collected
 invalidates its metrics (shared/design/triton.md).
 """
@@ -19,11 +25,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from torch.utils.dlpack import to_dlpack
+from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from avspec.serving import metrics, repository
-from avspec.serving.adapters import StageAdapter, VerifierAdapter, VerifierStepStats
-from avspec.serving.gpu_adapters import tensor_from_pb
+from avspec.serving.adapters import VerifierAdapter, VerifierStepStats, stage_adapter
+
+# Parameters read by the Python backend itself, not by our adapters' parameter parsers.
+BACKEND_PARAMETERS = ("FORCE_CPU_ONLY_INPUT_TENSORS",)
 
 
 def make_metric_family(pb: Any, spec: metrics.MetricSpec) -> Any:
@@ -41,22 +49,37 @@ def input_names(config: Mapping[str, Any]) -> list[str]:
     return [tensor["name"] for tensor in config["input"]]
 
 
-def input_arrays(pb: Any, request: Any, names: Sequence[str]) -> dict[str, np.ndarray]:
-    """The request's named inputs as numpy arrays (CPU models)."""
-    return {name: pb.get_input_tensor_by_name(request, name).as_numpy() for name in names}
+def adapter_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The `parameters` block of a parsed model config without BACKEND_PARAMETERS.
+
+    The adapters parse their parameters strictly (unknown keys fail); the keys only the Python
+    backend reads (a GPU variant's FORCE_CPU_ONLY_INPUT_TENSORS) are not theirs.
+    """
+    params = repository.model_parameters(config)
+    return {key: value for key, value in params.items() if key not in BACKEND_PARAMETERS}
+
+
+def tensor_from_pb(tensor: Any) -> torch.Tensor:
+    """A torch view of a `pb.Tensor`: CPU memory through numpy, device memory through DLPack."""
+    if tensor.is_cpu():
+        return torch.from_numpy(np.ascontiguousarray(tensor.as_numpy()))
+    return from_dlpack(tensor.to_dlpack())
 
 
 def input_tensors(pb: Any, request: Any, names: Sequence[str]) -> dict[str, torch.Tensor]:
-    """The request's named inputs as torch tensors, each left on its device (GPU models)."""
+    """The request's named inputs as torch tensors, each left where it lives."""
     return {name: tensor_from_pb(pb.get_input_tensor_by_name(request, name)) for name in names}
 
 
-def output_tensors(pb: Any, outputs: Mapping[str, np.ndarray]) -> list[Any]:
-    """`pb.Tensor`s of named numpy outputs."""
-    return [pb.Tensor(name, value) for name, value in outputs.items()]
+def host_output_tensors(pb: Any, outputs: Mapping[str, torch.Tensor]) -> list[Any]:
+    """`pb.Tensor`s of named torch outputs as numpy copies in host memory (CPU models)."""
+    return [
+        pb.Tensor(name, np.ascontiguousarray(value.detach().cpu().numpy()))
+        for name, value in outputs.items()
+    ]
 
 
-def dlpack_output_tensors(pb: Any, outputs: Mapping[str, torch.Tensor]) -> list[Any]:
+def device_output_tensors(pb: Any, outputs: Mapping[str, torch.Tensor]) -> list[Any]:
     """`pb.Tensor`s of named torch outputs through DLPack, so they stay on their device."""
     return [
         pb.Tensor.from_dlpack(name, to_dlpack(value.contiguous()))
@@ -110,20 +133,46 @@ def kv_live_gauge(pb: Any, stage: str) -> tuple[Any, Any]:
     return family, gauge
 
 
-class StageModel:
-    """The draft or target model (avspec.serving.adapters.StageAdapter); set STAGE and pb."""
+class AdapterModel:
+    """What the stage and verifier models share: the adapter's tensors in and out; set pb.
+
+    Outputs leave as numpy copies; a GPU variant adds `DeviceOutputs` to keep them on the device.
+    """
 
     STAGE: ClassVar[str]
     pb: ClassVar[Any]
 
+    def outputs(self, tensors: Mapping[str, torch.Tensor]) -> list[Any]:
+        """The `pb.Tensor`s of an adapter's outputs."""
+        return host_output_tensors(self.pb, tensors)
+
+    def request_inputs(self, request: Any) -> dict[str, torch.Tensor]:
+        """The request's inputs named in the model config, as torch tensors."""
+        return input_tensors(self.pb, request, self.input_names)
+
+
+class DeviceOutputs:
+    """Mixin of the GPU variants (configs/gpu.pbtxt): outputs leave through DLPack, on device.
+
+    So `draft_probs` [batch, K, vocab] never crosses to the host between models:
+    `class TritonPythonModel(DeviceOutputs, StageModel)`.
+    """
+
+    pb: ClassVar[Any]
+
+    def outputs(self, tensors: Mapping[str, torch.Tensor]) -> list[Any]:
+        return device_output_tensors(self.pb, tensors)
+
+
+class StageModel(AdapterModel):
+    """The draft or target model (avspec.serving.adapters.STAGE_ADAPTERS); set STAGE and pb."""
+
     def initialize(self, args: Mapping[str, str]) -> None:
         config = json.loads(args["model_config"])
-        params = repository.parse_parameters(
-            repository.StageParams, repository.model_parameters(config)
-        )
+        params = repository.parse_parameters(repository.StageParams, adapter_parameters(config))
         root = repository.project_root(args["model_repository"])
         self.input_names = input_names(config)
-        self.adapter = StageAdapter(self.STAGE, params, root)
+        self.adapter = stage_adapter(self.STAGE, params, root)
         self.kv_family, self.kv_live = kv_live_gauge(self.pb, self.STAGE)
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
@@ -133,11 +182,10 @@ class StageModel:
 
     def request_outputs(self, request: Any) -> list[Any]:
         """The output tensors of one request (raises on a bad one)."""
-        arrays = input_arrays(self.pb, request, self.input_names)
-        return output_tensors(self.pb, self.adapter(arrays))
+        return self.outputs(self.adapter(self.request_inputs(request)))
 
 
-class VerifierModel:
+class VerifierModel(AdapterModel):
     """The verifier model (avspec.serving.adapters.VerifierAdapter) and its av_* metrics; set pb.
 
     The estimator is restored from snapshot_path on initialize (warm start) and saved at every
@@ -146,13 +194,10 @@ class VerifierModel:
     """
 
     STAGE: ClassVar[str] = "verifier"
-    pb: ClassVar[Any]
 
     def initialize(self, args: Mapping[str, str]) -> None:
         config = json.loads(args["model_config"])
-        estimator_config, params = repository.parse_verifier_parameters(
-            repository.model_parameters(config)
-        )
+        estimator_config, params = repository.parse_verifier_parameters(adapter_parameters(config))
         root = repository.project_root(args["model_repository"])
         self.input_names = input_names(config)
         self.adapter = VerifierAdapter(estimator_config, params, root)
@@ -181,9 +226,9 @@ class VerifierModel:
 
     def request_outputs(self, request: Any) -> list[Any]:
         """The output tensors of one request (raises on a bad one); publishes its metrics."""
-        outputs, stats = self.adapter(input_arrays(self.pb, request, self.input_names))
+        outputs, stats = self.adapter(self.request_inputs(request))
         self.publish_step(stats)
-        return output_tensors(self.pb, outputs)
+        return self.outputs(outputs)
 
     def publish_step(self, stats: VerifierStepStats) -> None:
         """Push one step's counters, batch size, budget fraction (and a refit's estimator)."""

@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from avspec.tools.training import TOPICS_PREFIX, corpus_files, split_files
+from avspec.tools.training.corpus import TOPICS_PREFIX, corpus_files, split_files
 
 PROMPTS_PER_SET = 256
 MIN_BYTES, MAX_BYTES = 64, 200

@@ -1,22 +1,14 @@
 """GPU variant of the draft adapter (configs/gpu.pbtxt): device tensors out through DLPack.
 
-initialize (parameters, stage on cuda, metrics) is the CPU adapter's (StageModel); only the
-tensor hand-over differs (avspec.serving.gpu_adapters).
+The CPU model's class (StageModel, the same DraftAdapter on cuda) with one difference: its
+outputs stay on the device (avspec.serving.triton_model.DeviceOutputs).
 """
 
 import triton_python_backend_utils as pb_utils
 
-from avspec.serving.gpu_adapters import run_draft, without_backend_parameters
-from avspec.serving.triton_model import StageModel, dlpack_output_tensors, input_tensors
+from avspec.serving.triton_model import DeviceOutputs, StageModel
 
 
-class TritonPythonModel(StageModel):
+class TritonPythonModel(DeviceOutputs, StageModel):
     STAGE = "draft"
     pb = pb_utils
-
-    def initialize(self, args):
-        super().initialize(without_backend_parameters(args))
-
-    def request_outputs(self, request):
-        tensors = input_tensors(pb_utils, request, self.input_names)
-        return dlpack_output_tensors(pb_utils, run_draft(self.adapter.stage, tensors))

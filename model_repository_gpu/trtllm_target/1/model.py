@@ -12,19 +12,15 @@ import triton_python_backend_utils as pb_utils
 from torch.utils.dlpack import to_dlpack
 
 from avspec.config import from_parameters
-from avspec.serving import repository
-from avspec.serving.gpu_adapters import (
-    BACKEND_PARAMETERS,
-    TrtllmTargetAdapter,
-    TrtllmTargetParams,
-    tensor_from_pb,
-)
+from avspec.serving.gpu_adapters import TrtllmTargetAdapter, TrtllmTargetParams
 from avspec.serving.triton_model import (
+    adapter_parameters,
+    host_output_tensors,
     input_names,
     input_tensors,
     kv_live_gauge,
-    output_tensors,
     respond_each_async,
+    tensor_from_pb,
 )
 from avspec.trtllm.request import TRTLLM_OUTPUTS
 
@@ -34,8 +30,7 @@ STAGE = "target"
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
-        params = repository.model_parameters(config)
-        self.params = from_parameters(TrtllmTargetParams, params, ignore=BACKEND_PARAMETERS)
+        self.params = from_parameters(TrtllmTargetParams, adapter_parameters(config))
         self.input_names = input_names(config)
         self.adapter = TrtllmTargetAdapter(self.params)
         self.kv_family, self.kv_live = kv_live_gauge(pb_utils, STAGE)
@@ -49,7 +44,7 @@ class TritonPythonModel:
         prepared = self.adapter.prepare(input_tensors(pb_utils, request, self.input_names))
         answers = await asyncio.gather(*(self._send(r) for r in prepared))
         outputs = self.adapter.finish(prepared, answers)
-        return output_tensors(pb_utils, {n: t.numpy() for n, t in outputs.items()})
+        return host_output_tensors(pb_utils, outputs)
 
     async def _send(self, prepared):
         inputs = [pb_utils.Tensor(name, array) for name, array in prepared.host.items()]

@@ -5,16 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers.client_scripts import load_client_script
-
-
-def profiler():
-    load_client_script("bench_overhead")  # profile_serving_costs imports it by name
-    return load_client_script("profile_serving_costs")
+from helpers.client_scripts import load_profile_serving_costs
 
 
 def test_unreachable_server_is_a_clear_error(tmp_path: Path, capsys):
-    rc = profiler().main([
+    rc = load_profile_serving_costs().main([
         "--http-url", "http://127.0.0.1:9", "--metrics-url", "http://127.0.0.1:9/metrics",
         "--concurrency", "1", "--draft-tokens", "2", "--out", str(tmp_path / "c.json"),
     ])  # fmt: skip
@@ -25,4 +20,4 @@ def test_unreachable_server_is_a_clear_error(tmp_path: Path, capsys):
 @pytest.mark.parametrize("bad", [["--concurrency", "0"], ["--draft-tokens", "a,b"]])
 def test_bad_arguments(tmp_path: Path, bad: list[str]):
     with pytest.raises(SystemExit):
-        profiler().main([*bad, "--out", str(tmp_path / "c")])
+        load_profile_serving_costs().main([*bad, "--out", str(tmp_path / "c")])

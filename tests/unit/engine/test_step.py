@@ -6,6 +6,8 @@ draft proposes and whatever the verifier trims; sampled output must not depend o
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from helpers.stages import K, perturbed, tiny_model
@@ -42,16 +44,28 @@ def greedy_reference(model: Transformer, prompt: list[int], max_tokens: int) -> 
     return tokens
 
 
-@pytest.fixture(scope="module")
-def pair() -> tuple[Transformer, Transformer]:
+def fresh_pair() -> tuple[Transformer, Transformer]:
     """Target and a perturbed copy of it as draft (agrees on about 2/3 of greedy tokens)."""
     target = tiny_model(20, layers=2, width=32)
     return target, perturbed(target, 0.3, seed=5)
 
 
+@pytest.fixture
+def pair() -> tuple[Transformer, Transformer]:
+    """A pair of its own for each test (a few ms): no test sees what another did to its models."""
+    return fresh_pair()
+
+
 @pytest.fixture(scope="module")
-def references(pair) -> list[list[int]]:
-    return [greedy_reference(pair[0], p, 12) for p in PROMPTS]
+def reference_tokens() -> tuple[tuple[int, ...], ...]:
+    """Target-only greedy tokens of each prompt, from a pair no test touches (read-only)."""
+    target, _ = fresh_pair()
+    return tuple(tuple(greedy_reference(target, p, 12)) for p in PROMPTS)
+
+
+@pytest.fixture
+def references(reference_tokens) -> list[list[int]]:
+    return [list(tokens) for tokens in reference_tokens]
 
 
 @pytest.mark.parametrize(
@@ -134,8 +148,8 @@ def test_from_model_dirs(tmp_path, pair) -> None:
         [GenerationRequest(PROMPTS[0], 6, temperature=0.0, num_draft_tokens=K)],
         max_context=64,
     )
-    assert out == [greedy_reference(target.float(), PROMPTS[0], 6)]
-    target.double()
+    # the directory holds float32 weights: compare with a float32 copy, the fixture's stays float64
+    assert out == [greedy_reference(copy.deepcopy(target).float(), PROMPTS[0], 6)]
 
 
 def test_mismatched_stages_rejected(pair) -> None:

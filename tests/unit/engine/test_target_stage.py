@@ -1,4 +1,8 @@
-"""Target stage: verification matches full recomputation across accept/reject cycles; errors."""
+"""Target stage: verification matches full recomputation across accept/reject cycles; errors.
+
+The pieces with a contract of their own are checked alone too: the packing of the ragged batch
+and the target probabilities it yields.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,8 @@ import pytest
 import torch
 from helpers.stages import K, make_inputs, make_target_stage, tiny_model
 
-from avspec.engine.target_stage import TargetStage
+from avspec.contract import read_step_inputs
+from avspec.engine.target_stage import TargetStage, pack_verify_batch
 from avspec.runtime.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -76,6 +81,40 @@ def test_exact_draft_probs_are_all_accepted_at_temperature_one() -> None:
     out = stage(inputs, drafts, torch.stack(probs)[None], torch.tensor([K]))
     assert int(out.num_accepted[0]) == K
     assert out.output_ids[0, :K].tolist() == tokens[4:]
+
+
+def test_pack_verify_batch_rows_and_gather_positions() -> None:
+    """Row 0 runs 2 pending inputs and 2 drafts, row 1 its 2 inputs and no draft."""
+    input_ids = torch.tensor([[10, 11, 12], [20, 21, 0]], dtype=torch.int32)
+    drafts = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=torch.int32)
+    packed = pack_verify_batch(input_ids, [1, 0], [3, 2], drafts, [2, 0])
+    assert packed.tokens.dtype == torch.int64
+    assert packed.tokens.tolist() == [11, 12, 1, 2, 20, 21]
+    assert packed.lengths == [4, 2]
+    # position j reads the token before draft j; past num_verify, the bonus position repeats
+    assert packed.gather.tolist() == [[1, 2, 3, 3, 3], [5, 5, 5, 5, 5]]
+
+
+def test_target_probs_match_full_recomputation_and_repeat_the_bonus() -> None:
+    """p at position j is the target's distribution after context + drafts[:j] (j <= verify)."""
+    model = tiny_model(16)
+    stage = make_target_stage(model)
+    context, drafts = [5, 6, 7, 8], [9, 10, 11, 12]
+    inputs = make_inputs([{"seq_id": 1, "tokens": context}])
+    step = read_step_inputs(inputs, K)
+    with torch.inference_mode():
+        offsets = stage.slots.prepare(step)
+        packed = pack_verify_batch(
+            inputs.input_ids, offsets, step.input_lengths, torch.tensor([drafts]), [2]
+        )
+        probs = stage._target_probs(inputs, step, packed)
+    assert probs.shape == (1, K + 1, 257)
+    for j in range(3):
+        logits = model(torch.tensor([context + drafts[:j]]))[0, -1]
+        expected = torch.softmax(logits.float(), dim=-1)
+        torch.testing.assert_close(probs[0, j].float(), expected, atol=1e-6, rtol=1e-5)
+    for j in range(3, K + 1):
+        assert torch.equal(probs[0, j], probs[0, 2])
 
 
 def test_release_and_empty_batch() -> None:

@@ -1,4 +1,8 @@
-"""The Triton-free stage adapters behind the model.py files (no server)."""
+"""The Triton-free stage adapters behind the model.py files (no server).
+
+One adapter per stage for the CPU and the GPU models alike: each is tested here once, with CPU
+tensors (the GPU models run the same code on cuda).
+"""
 
 from __future__ import annotations
 
@@ -6,19 +10,28 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
 import pytest
+import torch
 from helpers.server import save_tiny_pair
 
 from avspec.av.snapshot import save_snapshot
 from avspec.config import EstimatorConfig
+from avspec.contract import StepInputs
+from avspec.engine.draft_stage import DraftStage
 from avspec.serving.adapters import (
-    StageAdapter,
+    DraftAdapter,
+    TargetAdapter,
     VerifierAdapter,
     load_cost_tables,
     load_estimator,
+    stage_adapter,
 )
-from avspec.serving.repository import STEP_INPUT_DTYPES, StageParams, VerifierParams
+from avspec.serving.repository import (
+    STEP_INPUT_DTYPES,
+    TORCH_DTYPES,
+    StageParams,
+    VerifierParams,
+)
 
 K = 4
 
@@ -28,17 +41,21 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return save_tiny_pair(tmp_path_factory.mktemp("pair"))
 
 
-def first_step(batch: int = 2) -> dict[str, np.ndarray]:
-    arrays = {name: np.zeros(batch, dtype=dtype) for name, dtype in STEP_INPUT_DTYPES.items()}
-    arrays["seq_ids"] = np.arange(1, batch + 1, dtype=np.int64)
-    arrays["input_ids"] = np.full((batch, 3), 65, dtype=np.int32)
-    arrays["input_lengths"][:] = 3
-    arrays["num_draft_tokens"][:] = K
-    arrays["adaptive"][:] = True
-    arrays["temperature"][:] = 1.0
-    arrays["top_p"][:] = 1.0
-    arrays["prev_num_accepted"] = np.zeros(0, dtype=np.int32)
-    return arrays
+def first_step(batch: int = 2) -> dict[str, torch.Tensor]:
+    """The step inputs of `batch` new sequences, in the dtypes of the model configs."""
+    tensors = {
+        name: torch.zeros(batch, dtype=TORCH_DTYPES[dtype])
+        for name, dtype in STEP_INPUT_DTYPES.items()
+    }
+    tensors["seq_ids"] = torch.arange(1, batch + 1)
+    tensors["input_ids"] = torch.full((batch, 3), 65, dtype=torch.int32)
+    tensors["input_lengths"][:] = 3
+    tensors["num_draft_tokens"][:] = K
+    tensors["adaptive"][:] = True
+    tensors["temperature"][:] = 1.0
+    tensors["top_p"][:] = 1.0
+    tensors["prev_num_accepted"] = torch.zeros(0, dtype=torch.int32)
+    return tensors
 
 
 def test_cost_tables_missing_file_falls_back_with_warning(
@@ -77,16 +94,16 @@ def test_load_estimator_missing_corrupt_and_valid(
     assert float(load_estimator(config, snapshot, "cpu").slope) == pytest.approx(0.7)
 
 
-def verifier_step(batch: int = 2) -> dict[str, np.ndarray]:
+def verifier_step(batch: int = 2) -> dict[str, torch.Tensor]:
     return {
-        "seq_ids": np.arange(1, batch + 1, dtype=np.int64),
-        "draft_features": np.ones((batch, K), dtype=np.float32),
-        "num_draft_tokens": np.full(batch, K, dtype=np.int32),
-        "adaptive": np.ones(batch, dtype=np.bool_),
-        "prev_num_accepted": np.zeros(0, dtype=np.int32),
-        "release_seq_ids": np.zeros(0, dtype=np.int64),
-        "input_lengths": np.full(batch, 3, dtype=np.int32),
-        "reusable": np.zeros(batch, dtype=np.int32),
+        "seq_ids": torch.arange(1, batch + 1),
+        "draft_features": torch.ones(batch, K),
+        "num_draft_tokens": torch.full((batch,), K, dtype=torch.int32),
+        "adaptive": torch.ones(batch, dtype=torch.bool),
+        "prev_num_accepted": torch.zeros(0, dtype=torch.int32),
+        "release_seq_ids": torch.zeros(0, dtype=torch.int64),
+        "input_lengths": torch.full((batch,), 3, dtype=torch.int32),
+        "reusable": torch.zeros(batch, dtype=torch.int32),
     }
 
 
@@ -115,47 +132,76 @@ def test_invalid_snapshot_is_moved_aside_and_replaced(
     )
 
 
+def stage_params(model_dir: Path) -> StageParams:
+    return StageParams(model_dir=str(model_dir), max_draft_tokens=K, max_sequences=4, max_length=64)
+
+
 def test_stage_adapters_run_a_step(pair: tuple[Path, Path], tmp_path: Path) -> None:
     target_dir, draft_dir = pair
-    params = {"max_draft_tokens": K, "max_sequences": 4, "max_length": 64}
-    draft = StageAdapter("draft", StageParams(model_dir=str(draft_dir), **params), tmp_path)
-    target = StageAdapter("target", StageParams(model_dir=str(target_dir), **params), tmp_path)
-    arrays = first_step()
-    drafted = draft(arrays)
-    assert drafted["draft_tokens"].shape == (2, K) and drafted["draft_tokens"].dtype == np.int32
+    draft = stage_adapter("draft", stage_params(draft_dir), tmp_path)
+    target = stage_adapter("target", stage_params(target_dir), tmp_path)
+    assert isinstance(draft, DraftAdapter) and isinstance(target, TargetAdapter)
+    tensors = first_step()
+    drafted = draft(tensors)
+    assert drafted["draft_tokens"].shape == (2, K)
+    assert drafted["draft_tokens"].dtype == torch.int32
     assert drafted["draft_probs"].shape == (2, K, 257)
-    assert drafted["draft_features"].dtype == np.float32
-    out = target({**arrays, **drafted, "num_verify": np.array([K, 0], dtype=np.int32)})
-    assert out["output_ids"].shape == (2, K + 1) and out["num_accepted"][1] == 0
+    assert drafted["draft_features"].dtype == torch.float32
+    num_verify = torch.tensor([K, 0], dtype=torch.int32)
+    out = target({**tensors, **drafted, "num_verify": num_verify})
+    assert set(out) == {"output_ids", "num_accepted"}
+    assert out["output_ids"].shape == (2, K + 1) and out["output_ids"].dtype == torch.int32
+    assert out["num_accepted"][1] == 0
     assert draft.live_sequences == 2 and target.live_sequences == 2
 
 
-def test_stage_adapter_rejects_unknown_kind(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="stage kind"):
-        StageAdapter("drafter", StageParams(model_dir=str(pair[1])), tmp_path)
+def test_draft_adapter_converts_dtypes_and_returns_the_stage_outputs(
+    pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """int64 / float64 inputs become the contract's dtypes; outputs are the stage's own."""
+    adapter = DraftAdapter(stage_params(pair[1]), tmp_path)
+    tensors = {**first_step(), "temperature": torch.zeros(2)}  # greedy: repeatable
+    wide = {name: t.double() if t.is_floating_point() else t.long() for name, t in tensors.items()}
+    out = adapter(wide)
+    reference = DraftStage(adapter.stage.model, adapter.stage.model.new_cache(4, 64), K)
+    want = reference(StepInputs(**tensors))
+    assert torch.equal(out["draft_tokens"], want.draft_tokens)
+    assert torch.equal(out["draft_probs"], want.draft_probs)
+    with pytest.raises(ValueError, match="missing step input.*reusable"):
+        adapter({k: v for k, v in tensors.items() if k != "reusable"})
+
+
+def test_stage_adapter_rejects_unknown_stage(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="stage must be one of"):
+        stage_adapter("drafter", StageParams(model_dir=str(pair[1])), tmp_path)
 
 
 def test_verifier_adapter_counts_refits_and_saves(tmp_path: Path) -> None:
     config = EstimatorConfig(num_positions=K, refit_interval=1)
     params = VerifierParams(cost_tables="", snapshot_path="snap.json")
     adapter = VerifierAdapter(config, params, tmp_path)
-    arrays = {
-        "seq_ids": np.array([1, 2], dtype=np.int64),
-        "draft_features": np.ones((2, K), dtype=np.float32),
-        "num_draft_tokens": np.array([K, 2], dtype=np.int32),
-        "adaptive": np.array([True, False]),
-        "prev_num_accepted": np.zeros(0, dtype=np.int32),
-        "release_seq_ids": np.zeros(0, dtype=np.int64),
-        "input_lengths": np.array([3, 3], dtype=np.int32),
-        "reusable": np.zeros(2, dtype=np.int32),
+    tensors = {
+        **verifier_step(),
+        "num_draft_tokens": torch.tensor([K, 2], dtype=torch.int32),
+        "adaptive": torch.tensor([True, False]),
     }
-    outputs, stats = adapter(arrays)
+    outputs, stats = adapter(tensors)
     verify = outputs["num_verify"]
-    assert verify.dtype == np.int32 and verify[1] == 2  # AV off: every draft verified
+    assert verify.dtype == torch.int32 and verify[1] == 2  # AV off: every draft verified
     assert stats.batch_size == 2 and stats.drafted == K + 2
     assert stats.drafted == stats.verified + stats.trimmed and stats.refitted
-    outputs, stats = adapter({**arrays, "prev_num_accepted": np.minimum(verify, 1)})
-    assert stats.accepted == int(np.minimum(verify, 1).sum())
+    assert stats.budget_fraction is not None and stats.budget_fraction >= 0
+    outputs, stats = adapter({**tensors, "prev_num_accepted": torch.clamp(verify, max=1)})
+    assert stats.accepted == int(torch.clamp(verify, max=1).sum())
     assert (tmp_path / "snap.json").is_file()
     slope, intercepts = adapter.coefficients()
     assert len(intercepts) == K and slope > 0
+
+
+def test_verifier_adapter_reports_no_budget_fraction_without_drafts(tmp_path: Path) -> None:
+    adapter = VerifierAdapter(EstimatorConfig(num_positions=K), VerifierParams(), tmp_path)
+    no_drafts = {**verifier_step(), "num_draft_tokens": torch.zeros(2, dtype=torch.int32)}
+    outputs, stats = adapter(no_drafts)
+    assert outputs["num_verify"].tolist() == [0, 0]
+    assert (stats.drafted, stats.verified, stats.trimmed) == (0, 0, 0)
+    assert stats.budget_fraction is None and not stats.refitted

@@ -1,13 +1,13 @@
-"""GPU-path adapter bodies, run on the CPU: the same code the GPU models run, with torch tensors.
+"""The TensorRT-LLM target's fan-out and gather, run on the CPU with torch tensors.
 
-The TensorRT-LLM fan-out is checked against the CPU target stage: a fake engine that verifies
-greedily with the target model (and, like the real engine, keeps generating after a rejection)
-must give the same output_ids / num_accepted as avspec.engine.target_stage on the same step.
+The draft and verifier models of the GPU deployment run the shared adapters
+(tests/unit/serving/test_adapters.py). The fan-out is checked against the CPU target stage: a fake
+engine that verifies greedily with the target model (and, like the real engine, keeps generating
+after a rejection) must give the same output_ids / num_accepted as avspec.engine.target_stage on
+the same step.
 """
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
@@ -21,85 +21,9 @@ from helpers.stages import (
     tiny_model,
 )
 
-from avspec.config import EstimatorConfig
-from avspec.serving.adapters import VerifierAdapter
-from avspec.serving.gpu_adapters import (
-    TrtllmTargetAdapter,
-    TrtllmTargetParams,
-    run_draft,
-    run_verifier,
-    step_inputs_from_tensors,
-    tensor_from_pb,
-    without_backend_parameters,
-)
-from avspec.serving.repository import VerifierParams
+from avspec.serving.gpu_adapters import TrtllmTargetAdapter, TrtllmTargetParams
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-class FakePbTensor:
-    """The two faces of a pb_utils.Tensor the adapters use."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-
-    def is_cpu(self) -> bool:
-        return self.tensor.device.type == "cpu"
-
-    def as_numpy(self) -> np.ndarray:
-        return self.tensor.numpy()
-
-    def to_dlpack(self):
-        return torch.utils.dlpack.to_dlpack(self.tensor)
-
-
-def test_tensor_from_pb_reads_cpu_and_dlpack_paths() -> None:
-    t = torch.arange(4, dtype=torch.int32)
-    assert torch.equal(tensor_from_pb(FakePbTensor(t)), t)
-    meta = FakePbTensor(t)
-    meta.is_cpu = lambda: False  # the DLPack branch, taken for device memory
-    assert torch.equal(tensor_from_pb(meta), t)
-
-
-def test_without_backend_parameters_keeps_everything_else() -> None:
-    config = {"name": "m", "parameters": {"device": {"string_value": "cuda"},
-              "FORCE_CPU_ONLY_INPUT_TENSORS": {"string_value": "no"}}}  # fmt: skip
-    args = without_backend_parameters({"model_config": json.dumps(config), "model_name": "m"})
-    assert json.loads(args["model_config"])["parameters"] == {"device": {"string_value": "cuda"}}
-    assert args["model_name"] == "m"
-
-
-def test_step_inputs_from_tensors_converts_dtypes_and_names_missing() -> None:
-    inputs = make_inputs([{"seq_id": 1, "tokens": [3, 4]}])
-    tensors = {k: v.long() if k != "adaptive" else v for k, v in inputs.as_dict().items()}
-    back = step_inputs_from_tensors(tensors)
-    assert back.input_ids.dtype == torch.int32 and back.seq_ids.dtype == torch.int64
-    del tensors["reusable"]
-    with pytest.raises(ValueError, match="missing step input.*reusable"):
-        step_inputs_from_tensors(tensors)
-
-
-def test_run_draft_returns_the_stage_outputs() -> None:
-    model = tiny_model(0)
-    inputs = make_inputs([{"seq_id": 1, "tokens": [3, 4], "temperature": 0.0}])
-    out = run_draft(make_draft_stage(model), inputs.as_dict())
-    reference = make_draft_stage(model)(inputs)
-    assert torch.equal(out["draft_tokens"], reference.draft_tokens)
-    assert set(out) == {"draft_tokens", "draft_probs", "draft_features"}
-
-
-def test_run_verifier_matches_the_numpy_adapter(tmp_path) -> None:
-    def adapter() -> VerifierAdapter:
-        return VerifierAdapter(EstimatorConfig(num_positions=K), VerifierParams(), tmp_path)
-
-    inputs = make_inputs([{"seq_id": 1, "tokens": [3], "adaptive": True},
-                          {"seq_id": 2, "tokens": [5, 6], "adaptive": True}])  # fmt: skip
-    tensors = dict(inputs.as_dict(), draft_features=torch.tensor([[2.0] * K, [-3.0] * K]))
-    out, stats = run_verifier(adapter(), tensors)
-    arrays = {k: v.numpy() for k, v in tensors.items()}
-    ref_out, ref_stats = adapter()(arrays)
-    assert out["num_verify"].tolist() == ref_out["num_verify"].tolist()
-    assert stats == ref_stats
 
 
 def greedy_engine(model, context: list[int], drafts: list[int], output_len: int, junk: int = 2):

@@ -23,7 +23,7 @@ from avspec.serving.repository import (
     read_config_parameters,
     resolve_path,
     rewrite_config_parameters,
-    step_inputs_from_numpy,
+    step_inputs_from_tensors,
     step_inputs_to_numpy,
     step_outputs_from_numpy,
 )
@@ -114,8 +114,12 @@ def _step_arrays(batch: int = 2) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {name: torch.from_numpy(array) for name, array in arrays.items()}
+
+
 def test_step_inputs_round_trip() -> None:
-    inputs = step_inputs_from_numpy(_step_arrays())
+    inputs = step_inputs_from_tensors(_tensors(_step_arrays()))
     assert inputs.input_ids.dtype == torch.int32 and inputs.adaptive.dtype == torch.bool
     back = step_inputs_to_numpy(inputs)
     assert back["input_ids"].dtype == np.int32
@@ -127,7 +131,7 @@ def test_step_inputs_missing_tensor() -> None:
     arrays = _step_arrays()
     del arrays["reusable"]
     with pytest.raises(ValueError, match="reusable"):
-        step_inputs_from_numpy(arrays)
+        step_inputs_from_tensors(_tensors(arrays))
 
 
 def test_step_outputs_from_numpy() -> None:

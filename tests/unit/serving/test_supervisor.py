@@ -31,17 +31,24 @@ class FakeServer:
         self.repository = tmp / "repo"
         self.shm = tmp / "shm"
         self.shm.mkdir()
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.processes: dict[str, subprocess.Popen] = {}  # each model's current stand-in
+        self.started: list[subprocess.Popen] = []  # every stand-in ever started
         self.reloads: list[str] = []
         self.fail_reloads = 0
         self.loaded = set(MODELS)  # what Triton would call loaded
 
     def spawn(self, model: str) -> None:
+        """Start a model's stand-in, first killing its previous one (as Triton's unload does)."""
+        previous = self.processes.get(model)
+        if previous is not None and previous.poll() is None:
+            previous.kill()
+            previous.wait()
         region = f"avspec1_{model}_{len(list(self.shm.iterdir()))}"
         (self.shm / region).write_bytes(b"\0" * 16)
         model_py = self.repository / model / "1" / "model.py"
         model_py.parent.mkdir(parents=True, exist_ok=True)
         self.processes[model] = subprocess.Popen([str(self.binary), str(model_py), region, "1"])
+        self.started.append(self.processes[model])
 
     def reload(self, model: str) -> None:
         self.reloads.append(model)
@@ -59,7 +66,8 @@ class FakeServer:
         return region
 
     def close(self) -> None:
-        for process in self.processes.values():
+        """Kill and reap every stand-in this server ever started."""
+        for process in self.started:
             process.kill()
             process.wait()
 
@@ -169,3 +177,5 @@ def test_followers_of_a_dead_model_are_reloaded_with_it(fake: FakeServer) -> Non
     assert fake.reloads == ["speculative", "draft", "verifier"]
     assert all(sup._stubs[m].pid != old[m] for m in MODELS) and sup.ready()
     assert sup.restarts == {"draft": 1, "speculative": 1, "verifier": 1}
+    replaced = [p for p in fake.started if p.pid in old.values()]
+    assert len(replaced) == 3 and all(p.poll() is not None for p in replaced)  # none left running

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from avspec.tools.training import TOPICS_PREFIX, corpus_files, split_files
+from avspec.tools.training.corpus import TOPICS_PREFIX, corpus_files, split_files
 from avspec.tools.workloads import (
     MAX_BYTES,
     MIN_BYTES,

@@ -1,0 +1,118 @@
+"""Evaluation of the pair: held-out bits/byte, acceptance by draft position, samples.
+
+Acceptance at a draft position is the expected acceptance of speculative sampling,
+sum_v min(p(v), q(v)) (Leviathan et al. 2023), with p and q warped exactly as the serving stages
+warp them (`avspec.engine.sampling.warp_probs`). `report` gathers all three for the model card.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from avspec.engine.sampling import warp_probs
+from avspec.runtime.tokenizer import ByteTokenizer
+from avspec.runtime.transformer import Transformer
+from avspec.tools.training.corpus import encode_files, heldout_prompts
+
+SAMPLE_PROMPTS = {"python": "def parse_args(argv):\n", "english": "The with statement is used to "}
+
+
+@torch.no_grad()
+def bits_per_byte(model: Transformer, ids: torch.Tensor, seq: int, max_windows: int = 256) -> float:
+    """Mean next-token loss in bits over evenly spaced non-overlapping windows of ids [tokens]."""
+    count = min(max_windows, (len(ids) - 1) // seq)
+    stride = (len(ids) - 1) // count
+    windows = torch.stack([ids[i * stride : i * stride + seq + 1] for i in range(count)])
+    total = 0.0
+    for chunk in windows.split(32):  # (rows, seq + 1)
+        logits = model(chunk[:, :-1])
+        total += F.cross_entropy(
+            logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum"
+        ).item()
+    return total / (count * seq) / math.log(2)
+
+
+def warp(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """`avspec.engine.sampling.warp_probs`, one setting for all rows.
+
+    logits: [batch, (position,) vocab].
+    """
+    rows = logits if logits.dim() == 3 else logits[:, None]  # [batch, position, vocab]
+    n = rows.shape[0]
+    settings = {"device": logits.device, "dtype": torch.float32}
+    probs = warp_probs(
+        rows.float(), torch.full((n,), temperature, **settings), torch.full((n,), top_p, **settings)
+    )
+    return probs if logits.dim() == 3 else probs[:, 0]
+
+
+@torch.no_grad()
+def acceptance_by_position(
+    draft: Transformer,
+    target: Transformer,
+    prompts: torch.Tensor,
+    num_positions: int = 8,
+    temperature: float = 1.0,
+    top_p: float = 0.95,
+    generator: torch.Generator | None = None,
+) -> list[float]:
+    """Mean over prompts of sum_v min(p(v), q(v)) at each draft position.
+
+    prompts: [batch, seq] int64 (equal-length prompts). The draft samples `num_positions` tokens
+    autoregressively from its warped distribution q; the target's warped p is taken at the same
+    contexts. Returns one mean per position (position 0 first).
+    """
+    context = prompts
+    draft_probs = []
+    for _ in range(num_positions):
+        q = warp(draft(context)[:, -1], temperature, top_p)  # (batch, vocab)
+        token = torch.multinomial(q, 1, generator=generator)  # (batch, 1)
+        draft_probs.append(q)
+        context = torch.cat([context, token], dim=1)
+    target_logits = target(context[:, :-1])[:, prompts.shape[1] - 1 :]  # (batch, position, vocab)
+    p = warp(target_logits, temperature, top_p)
+    q = torch.stack(draft_probs, dim=1)  # (batch, position, vocab)
+    return torch.minimum(p, q).sum(-1).mean(0).tolist()
+
+
+@torch.no_grad()
+def sample(model: Transformer, prompt: str, num_bytes: int, generator: torch.Generator) -> str:
+    """Sample `num_bytes` continuation bytes at temperature 1, top-p 0.95 (full recompute)."""
+    tokenizer = ByteTokenizer()
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    for _ in range(num_bytes):
+        probs = warp(model(ids[:, -model.config.max_length :])[:, -1], 1.0, 0.95)
+        token = torch.multinomial(probs, 1, generator=generator)
+        if int(token) == tokenizer.eos_id:
+            break
+        ids = torch.cat([ids, token], dim=1)
+    return tokenizer.decode(ids[0].tolist())
+
+
+def report(
+    draft: Transformer, target: Transformer, held_out: Sequence[tuple[str, str]], seed: int
+) -> dict:
+    """Held-out bits/byte, acceptance curves (code, prose) and samples of both models."""
+    held_out_ids = encode_files(held_out, ByteTokenizer())
+    result = {
+        "held_out_bpb": {
+            "target": bits_per_byte(target, held_out_ids, 256),
+            "draft": bits_per_byte(draft, held_out_ids, 256),
+        },
+        "acceptance_by_position": {},
+        "samples": {},
+    }
+    for kind, prose in (("code", False), ("prose", True)):
+        prompts = heldout_prompts(held_out, 200, 128, prose)
+        gen = torch.Generator().manual_seed(seed)
+        result["acceptance_by_position"][kind] = acceptance_by_position(
+            draft, target, prompts, generator=gen
+        )
+    for name, model in (("target", target), ("draft", draft)):
+        gen = torch.Generator().manual_seed(seed)
+        result["samples"][name] = {k: sample(model, p, 160, gen) for k, p in SAMPLE_PROMPTS.items()}
+    return result
