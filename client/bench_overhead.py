@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from avspec.engine.scheduler import GenerationRequest, Scheduler
+from avspec.engine.scheduler import Scheduler
+from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
 from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.serving.adapters import load_cost_tables

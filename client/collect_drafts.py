@@ -35,7 +35,8 @@ from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
 from avspec.contract import StepInputs, StepOutputs, base_tokens
 from avspec.engine.draft_stage import DraftOutput, DraftStage
-from avspec.engine.scheduler import GenerationRequest, Scheduler
+from avspec.engine.scheduler import Scheduler
+from avspec.engine.sequence import GenerationRequest
 from avspec.engine.target_stage import TargetStage
 from avspec.runtime.model_dir import load_model_dir
 from avspec.runtime.tokenizer import ByteTokenizer

@@ -1,23 +1,15 @@
 """In-flight batching: admit requests, run one speculative step for all live sequences, stream.
 
 Pure Python around a `step_fn(StepInputs) -> StepOutputs` (the in-process `SpeculativeStep` or
-the Triton step ensemble). Per sequence the scheduler keeps the contract's bookkeeping
-(docs/architecture.md): `input_ids` are the tokens committed since the last step (the prompt on
-the first step, then last step's accepted drafts and its correction/bonus token), `reusable` the
-number of those that were drafts, `start_positions` the committed length before them.
+the Triton step ensemble).
 
-- Admission control: `submit` raises `Overloaded` (nothing enqueued, `requests_rejected`
-  counted) when the wait queue already holds `max_queued` requests, or the request's client
-  `max_queued_per_client`, beyond the batch's free slots (requests the next step boundary will
-  admit anyway do not count). The limits are checked at submission; None means unbounded.
-- Fairness: queued requests join the batch at a step boundary, one per client in turn (round
-  robin over the clients with queued work, each client's own requests FIFO; the anonymous client
-  "" is one client). A request at the head of its client's queue is admitted within C
-  admissions, C = the clients with queued work at that moment (clients arriving later queue
-  behind it), so a burst from one client cannot starve another.
-- A request drafts at most `max_tokens - generated - 1` tokens, so no step overshoots its budget
-  (fewer verified drafts never changes the output distribution).
-- EOS ends a request and is not emitted; `max_tokens` is honoured exactly.
+- Per-sequence bookkeeping (avspec.engine.sequence, which states the contract's `input_ids`,
+  `reusable` and `start_positions`, the EOS and `max_tokens` rules and the draft cap): each
+  step builds its inputs from the live sequences' states and commits each outcome to its own.
+- Admission (avspec.engine.admission, which states the limits and the fairness bound): `submit`
+  queues a request per client or raises `Overloaded` (nothing enqueued, `requests_rejected`
+  counted); at each step boundary queued requests fill the free batch slots, one per client in
+  turn.
 - Error isolation: if `step_fn` raises, the step is replayed for each sequence alone (the cache
   rule makes a replay safe; replays send an empty `prev_num_accepted`). A sequence that still
   fails alone gets `on_error` and is released; the others continue. A callback that raises
@@ -25,31 +17,32 @@ number of those that were drafts, `start_positions` the committed length before 
 - Finished, cancelled and failed sequences go out in the next step's `release_seq_ids`; with no
   live sequence left, an empty-batch step carries them. Releases are never lost: a call that
   raised hands its releases to the next call (a release is idempotent on the stages).
-- Refit guard: the `prev_num_accepted` sent with the next step marks, with
-  `avspec.av.estimator.refit_excluded` (a accepted drafts sent as -1 - a), the rows whose outcome
-  does not feed the refit: (a) rows whose temperature exceeds `refit_max_temperature` (both
-  distributions flatten towards uniform, acceptance approaches 1 whatever q_max says, so such
-  traffic would drag the slope down) and (b) rows over a client's share: of a step's n rows, one
-  client labels at most max(1, floor(s n)) rows, s = `refit_client_share`, taken in seq-id order
-  round robin from where its last labelled row left off, so each of its sequences is labelled in
-  turn. No single client supplies more than max(1, floor(s n)) of the n sequence-steps of any
-  step, hence at most share s (plus one row per step) of a refit window.
+- Refit guard (avspec.engine.refit_guard, which states the per-client share bound): the
+  `prev_num_accepted` sent with the next step marks, with `avspec.av.estimator.refit_excluded`,
+  the rows whose outcome does not feed the refit (too hot, or over their client's share).
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 import threading
-from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from avspec.av.estimator import refit_excluded
 from avspec.contract import StepInputs, StepOutputs
+from avspec.engine.admission import AdmissionQueue, Overloaded
+from avspec.engine.refit_guard import RefitGuard, RefitRow
+from avspec.engine.sequence import (
+    GenerationRequest,
+    Outcome,
+    SequenceState,
+    StepReport,
+    build_inputs,
+    read_outputs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,40 +50,6 @@ StepFn = Callable[[StepInputs], StepOutputs]
 
 MAX_TEMPERATURE = 100.0  # a request's largest temperature (at 100 sampling is near uniform)
 _RETRY_S = 0.5  # background loop: wait after a release-only step failed before resending
-
-
-class Overloaded(RuntimeError):
-    """The wait queue is full for this request; the message says which limit and to retry."""
-
-
-@dataclass
-class GenerationRequest:
-    """One generation request; `num_draft_tokens` 0 turns speculation off for it.
-
-    `client` is the identity fairness and the refit share are counted by ("" = anonymous, one
-    client).
-    """
-
-    prompt_ids: list[int]
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    random_seed: int = 0
-    num_draft_tokens: int = 8
-    adaptive: bool = True
-    client: str = ""
-
-
-@dataclass
-class StepReport:
-    """What one step did for one request; `finish_reason` is "stop", "length" or "cancelled"."""
-
-    new_tokens: list[int]
-    drafted: int
-    verified: int
-    accepted: int
-    finished: bool
-    finish_reason: str | None
 
 
 @dataclass
@@ -111,36 +70,12 @@ class SchedulerCounters:
     accepted: int = 0
 
 
-@dataclass(eq=False)
-class _Sequence:
-    seq_id: int
-    request: GenerationRequest
-    on_step: Callable[[StepReport], None]
-    on_error: Callable[[Exception], None]
-    pending: list[int]  # committed tokens not yet sent to the models
-    start: int = 0
-    reusable: int = 0
-    generated: int = 0
-
-    def drafts_wanted(self) -> int:
-        return max(
-            0, min(self.request.num_draft_tokens, self.request.max_tokens - self.generated - 1)
-        )
-
-
-@dataclass
-class _Outcome:
-    tokens: list[int]  # num_accepted + 1 output tokens
-    verified: int
-    accepted: int
-
-
 @dataclass
 class _Events:
     """Callbacks to run after the lock is dropped."""
 
-    reports: list[tuple[_Sequence, StepReport]] = field(default_factory=list)
-    errors: list[tuple[_Sequence, Exception]] = field(default_factory=list)
+    reports: list[tuple[SequenceState, StepReport]] = field(default_factory=list)
+    errors: list[tuple[SequenceState, Exception]] = field(default_factory=list)
 
 
 class Scheduler:
@@ -170,35 +105,24 @@ class Scheduler:
             raise ValueError(f"max_draft_tokens must be >= 0, got {max_draft_tokens}")
         if max_context < 2 + max_draft_tokens:
             raise ValueError(f"max_context {max_context} leaves no room for a prompt and a token")
-        limits = {"max_queued": max_queued, "max_queued_per_client": max_queued_per_client}
-        for name, limit in limits.items():
-            if limit is not None and limit < 1:
-                raise ValueError(f"{name} must be >= 1 or None, got {limit}")
-        if not refit_max_temperature >= 0:
-            raise ValueError(f"refit_max_temperature must be >= 0, got {refit_max_temperature}")
         if not 1 <= first_seq_id < 1 << 62:
             raise ValueError(f"first_seq_id must lie in 1..2^62-1, got {first_seq_id}")
-        if not 0 < refit_client_share <= 1:
-            raise ValueError(f"refit_client_share must lie in (0, 1], got {refit_client_share}")
         self.step_fn = step_fn
         self.eos_id = eos_id
         self.max_batch_size = max_batch_size
         self.max_context = max_context
         self.max_draft_tokens = max_draft_tokens
-        self.max_queued = max_queued
-        self.max_queued_per_client = max_queued_per_client
-        self.refit_max_temperature = refit_max_temperature
-        self.refit_client_share = refit_client_share
         self.counters = SchedulerCounters()
         self._lock = threading.RLock()
         self._work = threading.Condition(self._lock)
         self._step_lock = threading.Lock()
-        # client -> its queued requests (FIFO); key order is the round-robin order
-        self._queues: OrderedDict[str, deque[_Sequence]] = OrderedDict()
-        self._live: list[_Sequence] = []
+        self._queue: AdmissionQueue[SequenceState] = AdmissionQueue(
+            max_queued, max_queued_per_client
+        )
+        self._guard = RefitGuard(refit_max_temperature, refit_client_share)
+        self._live: list[SequenceState] = []
         self._releases: list[int] = []
         self._prev_accepted = torch.zeros(0, dtype=torch.int32)
-        self._label_cursor: dict[str, int] = {}  # client -> seq id of its last labelled row
         self._stalled = False  # the last step was release-only and its call failed
         self._next_id = first_seq_id
         self._thread: threading.Thread | None = None
@@ -214,12 +138,12 @@ class Scheduler:
     def queued_count(self) -> int:
         """Requests waiting for a batch slot, all clients together."""
         with self._lock:
-            return sum(len(queue) for queue in self._queues.values())
+            return len(self._queue)
 
     def queued_by_client(self) -> dict[str, int]:
         """Waiting requests per client (clients with none are absent)."""
         with self._lock:
-            return {client: len(queue) for client, queue in self._queues.items()}
+            return self._queue.by_client()
 
     def submit(
         self,
@@ -233,10 +157,13 @@ class Scheduler:
         """
         self._validate(request)
         with self._lock:
-            self._check_room(request.client)
-            seq = _Sequence(self._next_id, request, on_step, on_error, list(request.prompt_ids))
+            seq = SequenceState(self._next_id, request, on_step, on_error, list(request.prompt_ids))
+            try:
+                self._queue.add(request.client, seq, self.max_batch_size - len(self._live))
+            except Overloaded:
+                self.counters.requests_rejected += 1
+                raise
             self._next_id += 1
-            self._queues.setdefault(request.client, deque()).append(seq)
             self.counters.requests_submitted += 1
             self._work.notify_all()
             return seq.seq_id
@@ -247,12 +174,7 @@ class Scheduler:
             seq = self._find(seq_id)
             if seq is None:
                 return False
-            queue = self._queues.get(seq.request.client)
-            if queue is not None and seq in queue:
-                queue.remove(seq)
-                if not queue:
-                    del self._queues[seq.request.client]
-            else:
+            if not self._queue.remove(seq.request.client, seq):
                 self._live.remove(seq)
                 self._releases.append(seq_id)
             self.counters.requests_cancelled += 1
@@ -264,7 +186,7 @@ class Scheduler:
         """Run one decode step for every live sequence; return how many were stepped."""
         with self._step_lock:
             with self._lock:
-                self._admit()
+                self._live.extend(self._queue.pop(self.max_batch_size - len(self._live)))
                 batch = list(self._live)
                 releases, self._releases = self._releases, []
                 prev = self._prev_accepted
@@ -336,44 +258,19 @@ class Scheduler:
                 f"{self.max_context}"
             )
 
-    def _check_room(self, client: str) -> None:
-        """Raise Overloaded if a queue limit is reached (lock held); free batch slots are room."""
-        free = max(0, self.max_batch_size - len(self._live))
-        total = sum(len(queue) for queue in self._queues.values())
-        mine = len(self._queues.get(client, ()))
-        for limit, queued, whose in (
-            (self.max_queued, total, ""),
-            (self.max_queued_per_client, mine, " for this client"),
-        ):
-            if limit is not None and queued - free >= limit:
-                self.counters.requests_rejected += 1
-                raise Overloaded(
-                    f"overloaded: {queued - free} requests queued{whose} (limit {limit}); "
-                    "retry later"
-                )
-
-    def _admit(self) -> None:
-        """Move queued requests into free batch slots, one per client in turn (lock held)."""
-        while self._queues and len(self._live) < self.max_batch_size:
-            client, queue = next(iter(self._queues.items()))
-            self._live.append(queue.popleft())
-            del self._queues[client]
-            if queue:
-                self._queues[client] = queue  # to the back of the rotation
-
-    def _find(self, seq_id: int) -> _Sequence | None:
-        for seq in (*(s for q in self._queues.values() for s in q), *self._live):
+    def _find(self, seq_id: int) -> SequenceState | None:
+        for seq in (*self._queue, *self._live):
             if seq.seq_id == seq_id:
                 return seq
         return None
 
     def _has_work(self) -> bool:
         with self._lock:
-            return bool(self._queues or self._live or self._releases)
+            return bool(self._queue or self._live or self._releases)
 
     def _run(
-        self, batch: list[_Sequence], releases: list[int], prev: torch.Tensor
-    ) -> tuple[dict[int, _Outcome], dict[int, Exception], torch.Tensor, list[int]]:
+        self, batch: list[SequenceState], releases: list[int], prev: torch.Tensor
+    ) -> tuple[dict[int, Outcome], dict[int, Exception], torch.Tensor, list[int]]:
         """Call step_fn on the batch; on failure replay each sequence alone.
 
         Returns (outcomes, failures, prev_num_accepted for the next step, releases whose every
@@ -381,10 +278,10 @@ class Scheduler:
         """
         empty = torch.zeros(0, dtype=torch.int32)
         try:
-            outputs = self.step_fn(_build_inputs(batch, releases, prev))
+            outputs = self.step_fn(build_inputs(batch, releases, prev))
             releases = []  # the call returned: every stage has freed them
-            outcomes = _read_outputs(outputs, batch, self.max_draft_tokens)
-            return outcomes, {}, self._refit_outcomes(batch, outcomes), []
+            outcomes = read_outputs(outputs, batch, self.max_draft_tokens)
+            return outcomes, {}, self._guard.prev_num_accepted(_refit_rows(batch, outcomes)), []
         except Exception as exc:  # noqa: BLE001 - isolate the failing sequence below
             if not batch:
                 logger.warning("release-only step failed (%s); releases kept for the next", exc)
@@ -397,45 +294,18 @@ class Scheduler:
         outcomes, failures = {}, {}
         for seq in batch:
             try:
-                outputs = self.step_fn(_build_inputs([seq], releases, empty))
+                outputs = self.step_fn(build_inputs([seq], releases, empty))
                 releases = []
-                outcomes.update(_read_outputs(outputs, [seq], self.max_draft_tokens))
+                outcomes.update(read_outputs(outputs, [seq], self.max_draft_tokens))
             except Exception as exc:  # noqa: BLE001 - reported through on_error
                 failures[seq.seq_id] = exc
         return outcomes, failures, empty, releases
 
-    def _refit_outcomes(
-        self, batch: list[_Sequence], outcomes: dict[int, _Outcome]
-    ) -> torch.Tensor:
-        """prev_num_accepted [batch] int32 for the next step, rows kept out of the refit encoded
-        by `refit_excluded`."""
-        values = [outcomes[seq.seq_id].accepted for seq in batch]
-        excluded: set[int] = set()
-        rows: dict[str, list[int]] = {}  # client -> its rows that would be labelled
-        for row, seq in enumerate(batch):
-            if seq.request.temperature > self.refit_max_temperature:
-                excluded.add(row)
-            elif outcomes[seq.seq_id].verified > 0:
-                rows.setdefault(seq.request.client, []).append(row)
-        # 1e-9: a float product like 0.29 * 100 = 28.999999999999996 must still give 29
-        cap = max(1, math.floor(self.refit_client_share * len(batch) + 1e-9))
-        cursors = {}
-        for client, mine in rows.items():
-            cursors[client] = self._label_cursor.get(client, 0)
-            if len(mine) <= cap:
-                continue
-            by_id = {batch[row].seq_id: row for row in mine}
-            chosen = _round_robin(sorted(by_id), cursors[client], cap)
-            cursors[client] = chosen[-1]
-            excluded.update(by_id[seq_id] for seq_id in by_id.keys() - set(chosen))
-        self._label_cursor = cursors
-        values = torch.tensor(values, dtype=torch.int32)
-        rows_out = torch.tensor(sorted(excluded), dtype=torch.long)
-        values[rows_out] = refit_excluded(values[rows_out])
-        return values
-
     def _apply(
-        self, batch: list[_Sequence], outcomes: dict[int, _Outcome], failures: dict[int, Exception]
+        self,
+        batch: list[SequenceState],
+        outcomes: dict[int, Outcome],
+        failures: dict[int, Exception],
     ) -> _Events:
         """Commit step results (lock held); sequences cancelled meanwhile are skipped."""
         events = _Events()
@@ -450,35 +320,20 @@ class Scheduler:
             events.reports.append((seq, self._advance(seq, outcomes[seq.seq_id])))
         return events
 
-    def _advance(self, seq: _Sequence, outcome: _Outcome) -> StepReport:
-        drafted = seq.drafts_wanted()
-        emitted: list[int] = []
-        reason = None
-        for token in outcome.tokens:
-            if token == self.eos_id:
-                reason = "stop"
-                break
-            emitted.append(token)
-            if seq.generated + len(emitted) == seq.request.max_tokens:
-                reason = "length"
-                break
-        seq.start += len(seq.pending)
-        seq.pending = outcome.tokens
-        seq.reusable = outcome.accepted
-        seq.generated += len(emitted)
+    def _advance(self, seq: SequenceState, outcome: Outcome) -> StepReport:
+        """Commit one outcome to its sequence (lock held); count it, retire a finished one."""
+        report = seq.commit(outcome, self.eos_id)
         c = self.counters
-        c.tokens_generated += len(emitted)
-        c.drafted += drafted
-        c.verified += outcome.verified
-        c.accepted += outcome.accepted
-        if reason is not None:
+        c.tokens_generated += len(report.new_tokens)
+        c.drafted += report.drafted
+        c.verified += report.verified
+        c.accepted += report.accepted
+        if report.finished:
             self._retire(seq)
             c.requests_finished += 1
-        return StepReport(
-            emitted, drafted, outcome.verified, outcome.accepted, reason is not None, reason
-        )
+        return report
 
-    def _retire(self, seq: _Sequence) -> None:
+    def _retire(self, seq: SequenceState) -> None:
         self._live.remove(seq)
         self._releases.append(seq.seq_id)
 
@@ -526,61 +381,18 @@ class Scheduler:
                 self._deliver(_Events(errors=[(seq, exc) for seq in doomed]))
 
 
-def _round_robin(ids: list[int], cursor: int, count: int) -> list[int]:
-    """`count` of the sorted `ids`, cyclically from the first one above `cursor`."""
-    start = bisect.bisect_right(ids, cursor)
-    return [ids[(start + i) % len(ids)] for i in range(count)]
-
-
-def _build_inputs(batch: list[_Sequence], releases: list[int], prev: torch.Tensor) -> StepInputs:
-    """The contract's CPU tensors for `batch` (see docs/architecture.md)."""
-    width = max((len(s.pending) for s in batch), default=1)
-    input_ids = torch.zeros(len(batch), width, dtype=torch.int32)
-    for row, seq in enumerate(batch):
-        input_ids[row, : len(seq.pending)] = torch.tensor(seq.pending, dtype=torch.int32)
-
-    def column(values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype)
-
-    return StepInputs(
-        seq_ids=column([s.seq_id for s in batch], torch.int64),
-        input_ids=input_ids,
-        input_lengths=column([len(s.pending) for s in batch], torch.int32),
-        start_positions=column([s.start for s in batch], torch.int32),
-        reusable=column([s.reusable for s in batch], torch.int32),
-        num_draft_tokens=column([s.drafts_wanted() for s in batch], torch.int32),
-        adaptive=column([s.request.adaptive for s in batch], torch.bool),
-        temperature=column([s.request.temperature for s in batch], torch.float32),
-        top_p=column([s.request.top_p for s in batch], torch.float32),
-        random_seed=column([s.request.random_seed for s in batch], torch.int64),
-        prev_num_accepted=prev,
-        release_seq_ids=column(releases, torch.int64),
-    )
-
-
-def _read_outputs(
-    outputs: StepOutputs, batch: list[_Sequence], max_draft_tokens: int
-) -> dict[int, _Outcome]:
-    """Host copies of the step outputs per sequence; ValueError on a malformed result."""
-    n = len(batch)
-    output_ids = outputs.output_ids.detach().cpu()
-    if tuple(output_ids.shape) != (n, max_draft_tokens + 1):
-        raise ValueError(
-            f"output_ids has shape {tuple(output_ids.shape)}, want {(n, max_draft_tokens + 1)}"
+def _refit_rows(batch: list[SequenceState], outcomes: dict[int, Outcome]) -> list[RefitRow]:
+    """What the refit guard judges each row of a step by, in batch order."""
+    return [
+        RefitRow(
+            seq.seq_id,
+            seq.request.client,
+            seq.request.temperature,
+            outcomes[seq.seq_id].verified,
+            outcomes[seq.seq_id].accepted,
         )
-    accepted = outputs.num_accepted.detach().cpu().tolist()
-    verified = outputs.num_verify.detach().cpu().tolist()
-    if len(accepted) != n or len(verified) != n:
-        raise ValueError(f"num_accepted / num_verify must hold {n} entries")
-    rows = output_ids.tolist()
-    outcomes = {}
-    for seq, row, a, v in zip(batch, rows, accepted, verified, strict=True):
-        if not 0 <= a <= v <= seq.drafts_wanted():
-            raise ValueError(
-                f"sequence {seq.seq_id}: num_accepted {a}, num_verify {v} out of range"
-            )
-        outcomes[seq.seq_id] = _Outcome(row[: a + 1], v, a)
-    return outcomes
+        for seq in batch
+    ]
 
 
 def generate(

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from avspec.engine.scheduler import MAX_TEMPERATURE, GenerationRequest, StepReport
+from avspec.engine.scheduler import MAX_TEMPERATURE
+from avspec.engine.sequence import GenerationRequest, StepReport
 from avspec.runtime.tokenizer import ByteTokenizer, IncrementalDecoder
 from avspec.serving.repository import EntryParams
 

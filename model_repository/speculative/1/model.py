@@ -12,7 +12,8 @@ import secrets
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from avspec.engine.scheduler import Overloaded, Scheduler
+from avspec.engine.admission import Overloaded
+from avspec.engine.scheduler import Scheduler
 from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.serving import repository
 from avspec.serving.metrics import LIVE_SEQUENCES

@@ -1,4 +1,9 @@
-"""Scheduler tests against a fake step function that checks the step contract's bookkeeping."""
+"""Scheduler tests against a fake step function that checks the step contract's bookkeeping.
+
+Admission, the refit guard and the per-sequence bookkeeping are tested as units in
+test_admission.py, test_refit_guard.py and test_sequence.py; here they are tested through the
+scheduler (wiring, counters, free slots, releases, prev_num_accepted).
+"""
 
 from __future__ import annotations
 
@@ -12,14 +17,9 @@ from helpers.stages import perturbed, tiny_model
 import avspec.engine.scheduler
 from avspec.av.estimator import refit_excluded
 from avspec.contract import StepInputs, StepOutputs
-from avspec.engine.scheduler import (
-    MAX_TEMPERATURE,
-    GenerationRequest,
-    Overloaded,
-    Scheduler,
-    StepReport,
-    generate,
-)
+from avspec.engine.admission import Overloaded
+from avspec.engine.scheduler import MAX_TEMPERATURE, Scheduler, generate
+from avspec.engine.sequence import GenerationRequest, StepReport
 from avspec.engine.step import SpeculativeStep
 
 K = 8
@@ -118,13 +118,15 @@ def test_max_tokens_honoured_exactly_and_caches_released() -> None:
     assert fake.calls[0].num_draft_tokens.tolist() == [0, 4, 0]
 
 
-def test_eos_stops_and_is_not_emitted() -> None:
+def test_eos_finishes_the_request_and_releases_it() -> None:
+    """The scheduler's eos_id reaches the commit (its token rules: test_sequence.py)."""
     fake = FakeStep(eos_at={1: 6})
     scheduler = make(fake)
     seq_id, c = submit(scheduler, 4, 20)
     scheduler.run_until_idle()
     assert c.tokens == expected(seq_id, 4, 2)
     assert c.reports[-1].finish_reason == "stop"
+    assert fake.released == [seq_id] and scheduler.counters.requests_finished == 1
 
 
 def test_queue_beyond_max_batch_size_joins_later() -> None:
@@ -360,19 +362,6 @@ def test_a_burst_cannot_starve_another_client() -> None:
     assert b.reports and not b.errors
 
 
-def test_admission_is_round_robin_over_clients_fifo_within() -> None:
-    fake = FakeStep()
-    scheduler = make(fake, max_batch_size=1)
-    ids = {
-        c: [submit(scheduler, 2, 1, client=c)[0] for _ in range(n)] for c, n in (("A", 4), ("B", 2))
-    }
-    anonymous = submit(scheduler, 2, 1)[0]
-    scheduler.run_until_idle()
-    order = [c.seq_ids.tolist() for c in fake.calls if c.batch_size]
-    a, b = ids["A"], ids["B"]
-    assert order == [[a[0]], [b[0]], [anonymous], [a[1]], [b[1]], [a[2]], [a[3]]]
-
-
 def test_queue_limits_raise_overloaded() -> None:
     scheduler = Scheduler(FakeStep(), EOS, 2, 128, K, max_queued=3, max_queued_per_client=2)
     # Two free batch slots count as room: each limit applies to requests beyond them.
@@ -423,39 +412,6 @@ def test_hot_rows_do_not_feed_the_refit() -> None:
     scheduler.step()
     scheduler.step()
     assert outcomes_sent(fake, 1) == [K // 2, refit_excluded(torch.tensor(K // 2)), K // 2]
-
-
-def test_client_share_caps_labels_per_step_and_rotates() -> None:
-    """One client owns 60 of 64 rows; share 0.25: it labels 16 per step, in turn."""
-    fake = FakeStep()
-    scheduler = Scheduler(fake, EOS, 64, 128, K, refit_client_share=0.25)
-    a_ids = [submit(scheduler, 2, 60, client="A")[0] for _ in range(60)]
-    others = [submit(scheduler, 2, 60, client=f"c{i}")[0] for i in range(4)]
-    for _ in range(6):
-        scheduler.step()
-    labelled: list[set[int]] = []
-    for step in range(5):
-        rows = dict(
-            zip(fake.calls[step].seq_ids.tolist(), outcomes_sent(fake, step + 1), strict=True)
-        )
-        assert all(rows[i] == K // 2 for i in others)
-        assert all(rows[i] in (K // 2, -1 - K // 2) for i in a_ids)
-        labelled.append({i for i in a_ids if rows[i] >= 0})
-    assert [len(s) for s in labelled] == [16] * 5
-    assert set.union(*labelled[:4]) == set(a_ids)  # each sequence labelled within 4 steps
-    assert not labelled[0] & labelled[1] and not labelled[1] & labelled[2]
-
-
-def test_share_cap_counts_only_rows_that_would_be_labelled() -> None:
-    fake = FakeStep()
-    scheduler = Scheduler(fake, EOS, 8, 128, K, refit_client_share=0.25)
-    for _ in range(6):
-        submit(scheduler, 2, 30, num_draft_tokens=0)  # nothing verified: nothing to label
-    submit(scheduler, 2, 30)
-    submit(scheduler, 2, 30)
-    scheduler.step()
-    scheduler.step()
-    assert outcomes_sent(fake, 1) == [0] * 6 + [K // 2, K // 2]  # cap 2 of 8 rows
 
 
 def test_run_until_idle_returns_while_releases_cannot_be_sent() -> None:

@@ -24,7 +24,8 @@ from helpers.stages import perturbed, tiny_model
 from avspec.av.cost_table import CostTable
 from avspec.contract import StepInputs, StepOutputs
 from avspec.engine.sampling import warp_probs
-from avspec.engine.scheduler import GenerationRequest, Scheduler
+from avspec.engine.scheduler import Scheduler
+from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
 
 pytestmark = pytest.mark.usefixtures("single_thread")

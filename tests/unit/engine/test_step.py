@@ -13,7 +13,8 @@ import torch
 from helpers.stages import K, perturbed, tiny_model
 
 from avspec.av.cost_table import CostTable
-from avspec.engine.scheduler import GenerationRequest, Scheduler, generate
+from avspec.engine.scheduler import Scheduler, generate
+from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
 from avspec.runtime.model_dir import save_model_dir
 from avspec.runtime.tokenizer import ByteTokenizer

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from helpers import ROOT
 
-from avspec.engine.scheduler import StepReport
+from avspec.engine.sequence import StepReport
 from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.serving.repository import (
     EntryParams,

@@ -1,0 +1,163 @@
+"""Per-sequence bookkeeping of the step contract: what each request sends and what it keeps.
+
+The scheduler (avspec.engine.scheduler) holds one `SequenceState` per request and, each step,
+turns the batch into `StepInputs` with `build_inputs`, reads the answer back with
+`read_outputs` and commits it with `SequenceState.commit`. The contract (docs/architecture.md),
+per sequence:
+
+- `input_ids` are the tokens committed since the last step: the prompt on the first step, then
+  the last step's accepted drafts and its correction/bonus token (`pending`);
+- `reusable` is how many of those were drafts (the stages may keep their cache for them);
+- `start_positions` is the committed length before them (`start`).
+
+Per request:
+
+- EOS ends a request and is not emitted (finish reason "stop");
+- `max_tokens` is honoured exactly: tokens past it are dropped (finish reason "length");
+- a request drafts at most `max_tokens - generated - 1` tokens (`drafts_wanted`), so no step
+  overshoots its budget (fewer verified drafts never changes the output distribution).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from avspec.contract import StepInputs, StepOutputs
+
+
+@dataclass
+class GenerationRequest:
+    """One generation request; `num_draft_tokens` 0 turns speculation off for it.
+
+    `client` is the identity fairness and the refit share are counted by ("" = anonymous, one
+    client).
+    """
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    random_seed: int = 0
+    num_draft_tokens: int = 8
+    adaptive: bool = True
+    client: str = ""
+
+
+@dataclass
+class StepReport:
+    """What one step did for one request; `finish_reason` is "stop", "length" or "cancelled"."""
+
+    new_tokens: list[int]
+    drafted: int
+    verified: int
+    accepted: int
+    finished: bool
+    finish_reason: str | None
+
+
+@dataclass
+class Outcome:
+    """One sequence's result of a step, read from `StepOutputs`."""
+
+    tokens: list[int]  # num_accepted + 1 output tokens
+    verified: int
+    accepted: int
+
+
+@dataclass(eq=False)
+class SequenceState:
+    """One request's place in the contract, and the callbacks its reports go to."""
+
+    seq_id: int
+    request: GenerationRequest
+    on_step: Callable[[StepReport], None]
+    on_error: Callable[[Exception], None]
+    pending: list[int]  # committed tokens not yet sent to the models
+    start: int = 0  # committed length before `pending`
+    reusable: int = 0  # how many of `pending` were drafts
+    generated: int = 0  # tokens emitted so far
+
+    def drafts_wanted(self) -> int:
+        """Drafts to ask for: `num_draft_tokens`, capped at `max_tokens - generated - 1`."""
+        return max(
+            0, min(self.request.num_draft_tokens, self.request.max_tokens - self.generated - 1)
+        )
+
+    def commit(self, outcome: Outcome, eos_id: int) -> StepReport:
+        """Commit a step's outcome; the report says what to emit and whether the request ended.
+
+        All output tokens become `pending` (sent with the next step if the request goes on);
+        only those before EOS and within `max_tokens` are emitted.
+        """
+        drafted = self.drafts_wanted()
+        emitted: list[int] = []
+        reason = None
+        for token in outcome.tokens:
+            if token == eos_id:
+                reason = "stop"
+                break
+            emitted.append(token)
+            if self.generated + len(emitted) == self.request.max_tokens:
+                reason = "length"
+                break
+        self.start += len(self.pending)
+        self.pending = outcome.tokens
+        self.reusable = outcome.accepted
+        self.generated += len(emitted)
+        return StepReport(
+            emitted, drafted, outcome.verified, outcome.accepted, reason is not None, reason
+        )
+
+
+def build_inputs(batch: list[SequenceState], releases: list[int], prev: torch.Tensor) -> StepInputs:
+    """The contract's CPU tensors for `batch` (see docs/architecture.md)."""
+    width = max((len(s.pending) for s in batch), default=1)
+    input_ids = torch.zeros(len(batch), width, dtype=torch.int32)
+    for row, seq in enumerate(batch):
+        input_ids[row, : len(seq.pending)] = torch.tensor(seq.pending, dtype=torch.int32)
+
+    def column(values: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype)
+
+    return StepInputs(
+        seq_ids=column([s.seq_id for s in batch], torch.int64),
+        input_ids=input_ids,
+        input_lengths=column([len(s.pending) for s in batch], torch.int32),
+        start_positions=column([s.start for s in batch], torch.int32),
+        reusable=column([s.reusable for s in batch], torch.int32),
+        num_draft_tokens=column([s.drafts_wanted() for s in batch], torch.int32),
+        adaptive=column([s.request.adaptive for s in batch], torch.bool),
+        temperature=column([s.request.temperature for s in batch], torch.float32),
+        top_p=column([s.request.top_p for s in batch], torch.float32),
+        random_seed=column([s.request.random_seed for s in batch], torch.int64),
+        prev_num_accepted=prev,
+        release_seq_ids=column(releases, torch.int64),
+    )
+
+
+def read_outputs(
+    outputs: StepOutputs, batch: list[SequenceState], max_draft_tokens: int
+) -> dict[int, Outcome]:
+    """Host copies of the step outputs per sequence; ValueError on a malformed result."""
+    n = len(batch)
+    output_ids = outputs.output_ids.detach().cpu()
+    if tuple(output_ids.shape) != (n, max_draft_tokens + 1):
+        raise ValueError(
+            f"output_ids has shape {tuple(output_ids.shape)}, want {(n, max_draft_tokens + 1)}"
+        )
+    accepted = outputs.num_accepted.detach().cpu().tolist()
+    verified = outputs.num_verify.detach().cpu().tolist()
+    if len(accepted) != n or len(verified) != n:
+        raise ValueError(f"num_accepted / num_verify must hold {n} entries")
+    rows = output_ids.tolist()
+    outcomes = {}
+    for seq, row, a, v in zip(batch, rows, accepted, verified, strict=True):
+        if not 0 <= a <= v <= seq.drafts_wanted():
+            raise ValueError(
+                f"sequence {seq.seq_id}: num_accepted {a}, num_verify {v} out of range"
+            )
+        outcomes[seq.seq_id] = Outcome(row[: a + 1], v, a)
+    return outcomes
