@@ -22,7 +22,6 @@ import argparse
 import csv
 import json
 import queue
-import socket
 import sys
 import time
 import urllib.request
@@ -312,7 +311,7 @@ def scrape_estimator(metrics_url: str) -> dict[str, float]:
 def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     """Start a server on a copy of --model-repository (snapshot in --out); return its URLs."""
     from avspec.serving.repository import build_test_repository
-    from avspec.serving.server_process import ServerProcess
+    from avspec.serving.server_process import ServerProcess, free_port
 
     work = args.out / "server"
     snapshot = work / "estimator_snapshot.json"
@@ -327,16 +326,10 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
         if directory is not None:
             overrides[model] = {"model_dir": directory.resolve()}
     repo = build_test_repository(args.model_repository, work / "model_repository", overrides)
-    ports = [_free_port() for _ in range(3)]
+    ports = [free_port() for _ in range(3)]
     server = ServerProcess(repo, *ports, log_path=work / "tritonserver.log")
     stack.enter_context(server)
     return server.grpc_url, server.metrics_url
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

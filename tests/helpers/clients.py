@@ -8,21 +8,12 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from avspec.tools.soak.tensors import infer_inputs
+
 MODEL = "speculative"
-_DTYPES = {
-    "text_input": ("BYTES", object),
-    "max_tokens": ("INT32", np.int32),
-    "temperature": ("FP32", np.float32),
-    "top_p": ("FP32", np.float32),
-    "random_seed": ("UINT64", np.uint64),
-    "stream": ("BOOL", np.bool_),
-    "num_draft_tokens": ("INT32", np.int32),
-    "adaptive_verification": ("BOOL", np.bool_),
-}
 
 
 @dataclass
@@ -78,17 +69,6 @@ def http_generate_stream(base_url: str, **payload: object) -> list[dict]:
     return events
 
 
-def _infer_inputs(module, values: dict[str, object]) -> list:
-    inputs = []
-    for name, value in values.items():
-        datatype, dtype = _DTYPES[name]
-        array = np.array([value.encode() if isinstance(value, str) else value], dtype=dtype)
-        tensor = module.InferInput(name, [1], datatype)
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    return inputs
-
-
 def _from_result(result, responses: int) -> Generation:
     text = result.as_numpy("text_output")[0].decode()
     counts = [int(result.as_numpy(n)[0]) for n in ("drafted_tokens", "verified_tokens")]
@@ -98,7 +78,7 @@ def _from_result(result, responses: int) -> Generation:
 def tritonclient_http_generate(url: str, **values: object) -> Generation:
     """Non-streaming inference with tritonclient.http (one response)."""
     with httpclient.InferenceServerClient(url) as client:
-        result = client.infer(MODEL, _infer_inputs(httpclient, values))
+        result = client.infer(MODEL, infer_inputs(httpclient, values))
     return _from_result(result, 1)
 
 
@@ -115,7 +95,7 @@ class GrpcStream:
 
     def send(self, **values: object) -> None:
         self.client.async_stream_infer(
-            MODEL, _infer_inputs(grpcclient, values), enable_empty_final_response=True
+            MODEL, infer_inputs(grpcclient, values), enable_empty_final_response=True
         )
 
     def next(self, timeout: float = 120):

@@ -234,11 +234,5 @@ def raw_exchange(port: int, head: str, body: bytes = b"", read_until: bytes = b"
         return received
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def infer_request(model: str = "speculative", request_id: str = "1", **kwargs):
     return service_pb2.ModelInferRequest(model_name=model, id=request_id, **kwargs)

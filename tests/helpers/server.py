@@ -6,7 +6,6 @@ The session's server (tests/serving/conftest.py) runs a tiny seeded pair saved b
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.request
 from pathlib import Path
@@ -25,12 +24,6 @@ K = 8
 MAX_LENGTH = 256
 REFIT_INTERVAL = 10
 ADMIN_KEY = "serving-tests-admin-key-0123456789"  # the operator's key: admin calls go through
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def save_tiny_pair(directory: Path, seed: int = 0) -> tuple[Path, Path]:

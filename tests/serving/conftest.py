@@ -14,13 +14,12 @@ from helpers.server import (
     MAX_LENGTH,
     REFIT_INTERVAL,
     REPOSITORY,
-    free_port,
     save_tiny_pair,
     stage_overrides,
 )
 
 from avspec.serving.repository import build_test_repository
-from avspec.serving.server_process import ServerProcess
+from avspec.serving.server_process import ServerProcess, free_port
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

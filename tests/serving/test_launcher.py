@@ -14,10 +14,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers.server import free_port, live_processes
+from helpers.server import live_processes
 
 from avspec.serving import launcher
-from avspec.serving.server_process import ServerProcess
+from avspec.serving.server_process import ServerProcess, free_port
 from avspec.serving.supervisor import find_stubs
 
 

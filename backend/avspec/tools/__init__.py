@@ -1,1 +1,2 @@
-"""Tools outside the served path: training, workloads, cost profiling, benchmark statistics."""
+"""Tools outside the served path: training, workloads, cost profiling, benchmark statistics,
+the oracle bound, the soak test."""

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from helpers import ROOT
 from tritonclient.grpc import model_config_pb2 as mc
 
 from avspec.serving.metrics import ALL_METRICS, HISTOGRAM
+from avspec.serving.server_process import free_port
 
 DOCKER = ROOT / "docker"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "adaptive_verification.json"
@@ -201,12 +201,6 @@ ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _status(url: str, headers: dict[str, str] | None = None) -> int:
     """Status of a POST with an empty JSON body (HTTP errors included)."""
     request = urllib.request.Request(url, data=b"{}", headers=headers or {}, method="POST")
@@ -261,7 +255,7 @@ def test_entry_script_builds_the_engine_once_then_serves_behind_the_front(tmp_pa
     values = json.loads((DOCKER / "gpu_values.example.json").read_text())
     values |= {"engine_dir": str(engine), "triton_max_batch_size": "16", "max_seq_len": "256"}
     (tmp_path / "values.json").write_text(json.dumps(values))
-    ports = {name: _free_port() for name in ("HTTP", "GRPC", "METRICS")}
+    ports = {name: free_port() for name in ("HTTP", "GRPC", "METRICS")}
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "LOG": str(log),

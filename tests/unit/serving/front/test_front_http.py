@@ -14,7 +14,6 @@ from helpers.front_fakes import (
     FRONT_KEY,
     GOOD_BODY,
     MAX_BODY,
-    free_port,
     front_config,
     raw_exchange,
     request,
@@ -22,6 +21,7 @@ from helpers.front_fakes import (
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from avspec.serving.front import Front, http_wire
+from avspec.serving.server_process import free_port
 
 IDENTITY = {"avspec-client": "127.0.0.1"}
 
