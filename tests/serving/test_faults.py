@@ -23,6 +23,9 @@ from avspec.serving.server_process import ServerProcess
 from avspec.serving.supervisor import find_stubs
 
 RECOVERY_S = 30
+# what a client may read while a stage restarts: the front's fail-fast answer, or the entry
+# model's error for a step that hit the dead or reloading stage
+CLEAR_FAILURES = ("restarting", "restarted", "generation failed", "not healthy", "not available")
 
 
 def ready_status(server: ServerProcess) -> int:
@@ -114,3 +117,47 @@ def test_readiness_is_false_while_a_stage_is_down(server: ServerProcess) -> None
         supervisor.reload = original
     assert seen and seen[0] == 503
     assert ready_status(server) == 200
+
+
+def test_stage_killed_under_load_the_server_survives_and_recovers(server: ServerProcess) -> None:
+    """16 client loops keep the batch full while the draft and then the verifier stub are
+    killed: the server stays up, each stage comes back, every failure is a clear error, and
+    once the load stops every KV slot is free."""
+    stop_at = time.monotonic() + 12
+    outcomes: list[str] = []
+
+    def client_loop(i: int) -> None:
+        stream = GrpcStream(server.grpc_url, own_connection=True)
+        try:
+            while time.monotonic() < stop_at:
+                try:
+                    stream.send(text_input=f"{i} ", max_tokens=24, stream=True)
+                    stream.collect(timeout=RECOVERY_S)
+                    outcomes.append("ok")
+                except Exception as err:  # noqa: BLE001 - every failure is recorded
+                    outcomes.append(str(err))
+                    time.sleep(0.2)  # a client that retries, not one that spins
+                    stream.close()
+                    stream = GrpcStream(server.grpc_url, own_connection=True)
+        finally:
+            stream.close()
+
+    restarts = dict(server.supervisor.restarts)
+    loops = [threading.Thread(target=client_loop, args=(i,)) for i in range(16)]
+    for loop in loops:
+        loop.start()
+    for model in ("draft", "verifier"):
+        time.sleep(3)
+        kill_stub(server, model)
+    for loop in loops:
+        loop.join(RECOVERY_S * 2)
+    assert not any(loop.is_alive() for loop in loops), "a client hung"
+    assert server.process.poll() is None, "tritonserver died"
+    for model in ("draft", "verifier"):
+        wait_recovered(server, model, restarts[model])
+    failures = [o for o in outcomes if o != "ok"]
+    assert outcomes.count("ok") > 0
+    unclear = [f for f in failures if not any(phrase in f for phrase in CLEAR_FAILURES)]
+    assert not unclear, unclear[:3]
+    assert len(http_generate(server.http_url, text_input="after", max_tokens=4).text) == 4
+    assert wait_for(lambda: all_freed(server)), "KV cache slots leaked"

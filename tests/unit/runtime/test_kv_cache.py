@@ -1,6 +1,9 @@
-"""KV cache slot bookkeeping, rollback and limits."""
+"""KV cache slot bookkeeping, rollback and limits; reserved memory and the read workspace."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -86,6 +89,61 @@ def test_write_and_read_round_trip():
     torch.testing.assert_close(k[0].transpose(0, 1), keys[:2])
     torch.testing.assert_close(v[1, :, 0], -keys[2])
     assert cache.k[0].abs().sum() == 0  # other layers untouched
+
+
+def test_read_gathers_into_one_reused_workspace():
+    """CPU reads land in the preallocated workspaces whatever the batch and key_length: no
+    per-step temporaries of varying size for malloc to fragment its heap with."""
+    cache = make_cache(3, 8)
+    generator = torch.Generator().manual_seed(1)
+    cache.k.copy_(torch.randn(cache.k.shape, generator=generator))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=generator))
+    k, v = cache.read(1, torch.tensor([2, 0]), 5)
+    torch.testing.assert_close(k, cache.k[1, [2, 0], :, :5])
+    torch.testing.assert_close(v, cache.v[1, [2, 0], :, :5])
+    assert k.is_contiguous() and v.is_contiguous()
+    pointers = (k.data_ptr(), v.data_ptr())
+    k, v = cache.read(0, torch.tensor([1, 2, 0]), 8)  # another shape: the same memory
+    assert (k.data_ptr(), v.data_ptr()) == pointers
+    torch.testing.assert_close(k, cache.k[0, [1, 2, 0]])
+    torch.testing.assert_close(v, cache.v[0, [1, 2, 0]])
+
+
+def test_read_under_autograd_returns_fresh_gathers():
+    """Keys written with grad make the buffers part of the graph: out= gathers would raise."""
+    cache = make_cache(2, 8)
+    keys = torch.randn(2, 2, 8, requires_grad=True)
+    cache.write(0, torch.tensor([0, 1]), torch.tensor([0, 0]), keys, keys * 2)
+    k, v = cache.read(0, torch.tensor([1]), 1)
+    (k.sum() + v.sum()).backward()
+    # slot 1 was read: its key counts once through k and twice through v = 2 * key
+    torch.testing.assert_close(keys.grad, torch.stack([torch.zeros(2, 8), torch.full((2, 8), 3.0)]))
+
+
+def test_nbytes_counts_buffers_and_workspaces():
+    cache = make_cache(3, 8)
+    buffer = 2 * 3 * 2 * 8 * 8 * 4  # layers, sequences, heads, positions, head_dim, float32
+    workspace = 3 * 2 * 8 * 8 * 4  # one layer's worth, for keys and for values
+    assert cache.nbytes == 2 * buffer + 2 * workspace
+    assert KVCache(*SIZES, 3, 8, "meta").nbytes == 2 * buffer  # no workspace off the CPU
+
+
+def _rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
+def test_reserved_memory_is_resident_from_construction():
+    """The cache commits what it reserves up front, so serving does not grow into it later.
+
+    Each buffer here is 32 MiB, past glibc's largest dynamic mmap threshold: fresh pages, never
+    recycled heap memory that would already count as resident.
+    """
+    before = _rss_bytes()
+    cache = KVCache(1, 4, 64, 64, 512, "cpu")
+    grown = _rss_bytes() - before
+    assert cache.nbytes == 4 * 32 * 2**20
+    assert grown >= 0.95 * cache.nbytes
 
 
 def test_constructor_validation():

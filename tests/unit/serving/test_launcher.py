@@ -43,11 +43,28 @@ def test_server_environment() -> None:
     assert "OMP_NUM_THREADS" not in server_environment({}, cpu_threads=None)
 
 
-def test_installed_server_keeps_its_environment_but_the_thread_cap() -> None:
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+
+
+def test_installed_server_keeps_its_environment_but_the_thread_cap_and_malloc() -> None:
     """Another tritonserver (the NGC image's) has its own python3 and PYTHONPATH: kept as is."""
     base = {"PATH": "/usr/bin", "PYTHONPATH": "/opt/avspec/backend", "LD_LIBRARY_PATH": "/x"}
-    assert server_environment(base, cpu_threads=1, bundled=False) == base | {"OMP_NUM_THREADS": "1"}
-    assert server_environment(base, cpu_threads=None, bundled=False) == base
+    threads = {"OMP_NUM_THREADS": "1"}
+    assert server_environment(base, cpu_threads=1, bundled=False) == base | threads | MALLOC_ENV
+    assert server_environment(base, cpu_threads=None, bundled=False) == base | MALLOC_ENV
+
+
+def test_malloc_settings_reach_every_server_and_yield_to_the_operators() -> None:
+    """Fixed mmap threshold + huge pages against heap fragmentation in the stage stubs."""
+    for bundled in (True, False):
+        env = server_environment({"PATH": "/usr/bin"}, bundled=bundled)
+        assert {k: env[k] for k in MALLOC_ENV} == MALLOC_ENV
+    mine = {"MALLOC_MMAP_THRESHOLD_": "65536", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+    env = server_environment(mine, bundled=False)
+    assert env["MALLOC_MMAP_THRESHOLD_"] == "65536"
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    off = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
+    assert server_environment(off, bundled=False)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
 
 
 def _fake_tritonserver(directory: Path) -> Path:
