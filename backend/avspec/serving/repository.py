@@ -71,8 +71,11 @@ class StageParams:
     max_length: int = 512  # KV cache positions per sequence
     idle_timeout_s: float | None = None  # free a sequence not seen for this long (None: never)
     device: str = "cpu"
+    malloc_trim_steps: int = 10  # give freed heap back to the OS every N steps (serving.heap)
 
     def __post_init__(self) -> None:
+        if self.malloc_trim_steps < 0:
+            raise ValueError(f"malloc_trim_steps must be >= 0, got {self.malloc_trim_steps}")
         for name in ("max_draft_tokens", "max_sequences", "max_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -29,6 +29,7 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from avspec.serving import metrics, repository
 from avspec.serving.adapters import VerifierAdapter, VerifierStepStats, stage_adapter
+from avspec.serving.heap import HeapTrimmer
 
 # Parameters read by the Python backend itself, not by our adapters' parameter parsers.
 BACKEND_PARAMETERS = ("FORCE_CPU_ONLY_INPUT_TENSORS",)
@@ -174,10 +175,12 @@ class StageModel(AdapterModel):
         self.input_names = input_names(config)
         self.adapter = stage_adapter(self.STAGE, params, root)
         self.kv_family, self.kv_live = kv_live_gauge(self.pb, self.STAGE)
+        self.heap = HeapTrimmer(params.malloc_trim_steps)
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
         responses = respond_each(self.pb, requests, self.request_outputs, self.STAGE)
         self.kv_live.set(self.adapter.live_sequences)
+        self.heap.step()
         return responses
 
     def request_outputs(self, request: Any) -> list[Any]:

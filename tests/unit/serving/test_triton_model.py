@@ -18,6 +18,7 @@ import torch
 from helpers.server import save_tiny_pair
 
 from avspec.serving import metrics
+from avspec.serving.heap import HeapTrimmer
 from avspec.serving.repository import STEP_INPUT_DTYPES
 from avspec.serving.triton_model import (
     DeviceOutputs,
@@ -163,14 +164,18 @@ def test_respond_each_async_answers_a_failed_request_with_its_own_error() -> Non
     assert responses[1].output_tensors[0].value == 2
 
 
-def test_stage_model_execute_updates_the_live_gauge() -> None:
+def test_stage_model_execute_updates_the_live_gauge_and_trims_the_heap() -> None:
     model = type("Model", (StageModel,), {"STAGE": "target", "pb": pb})()
     model.adapter = SimpleNamespace(live_sequences=3)
     model.request_outputs = double  # the adapter's own call is covered in test_adapters
     model.kv_family, model.kv_live = kv_live_gauge(pb, "target")
+    trims: list[int] = []
+    model.heap = HeapTrimmer(2, trim=lambda: trims.append(1))
     responses = model.execute([{"x": 1}, {}])
     assert responses[1].error == "target: KeyError: 'x'"
     assert model.kv_live.value == 3
+    model.execute([{}])
+    assert trims == [1]  # every 2nd execute
 
 
 VERIFIER_INPUTS = ("seq_ids", "draft_features", "num_draft_tokens", "adaptive",

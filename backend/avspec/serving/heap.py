@@ -1,0 +1,58 @@
+"""Give freed heap memory back to the OS every few steps (glibc `malloc_trim`).
+
+Why: over a 10-minute soak (docs/reliability.md) the draft and target stubs' resident memory grew
+about 50% before it levelled off. The stages allocate tensors of a different shape every step
+(ragged batches), which leaves glibc's main arena fragmented: in an in-process reproduction of
+the draft stage the arena held 522 MiB of which 413 MiB were free, and one `malloc_trim(0)`
+brought its RSS from 743 to 334 MiB. Forcing large allocations onto mmap instead
+(`MALLOC_MMAP_THRESHOLD_`) avoided the growth but cost 15-45% of the step time in page faults;
+one `malloc_trim(0)` costs about 2 ms here, so trimming every 10 steps costs well under 1% of a
+draft step (about 45 ms) and of a target step (about 200 ms).
+
+Where the C library has no `malloc_trim` (not glibc), trimming is off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+
+def glibc_malloc_trim() -> Callable[[], object] | None:
+    """`malloc_trim(0)` of this process's C library, or None where there is none."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return None
+    return lambda: trim(0)
+
+
+class HeapTrimmer:
+    """Calls `trim` once every `every_steps` calls of `step()`; 0 turns it off."""
+
+    def __init__(self, every_steps: int, trim: Callable[[], object] | None = None) -> None:
+        if every_steps < 0:
+            raise ValueError(f"malloc_trim_steps must be >= 0, got {every_steps}")
+        self.every_steps = every_steps
+        self.trim = trim if trim is not None else glibc_malloc_trim()
+        if every_steps and self.trim is None:
+            logger.warning("no malloc_trim in this C library: heap trimming is off")
+        self.steps = 0
+        self.trims = 0
+
+    def step(self) -> bool:
+        """Count one step; trim when the count reaches a multiple of every_steps."""
+        if not self.every_steps or self.trim is None:
+            return False
+        self.steps += 1
+        if self.steps % self.every_steps:
+            return False
+        self.trim()
+        self.trims += 1
+        return True
