@@ -178,12 +178,17 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         metadata = self._note("ModelStreamInfer", context)
         for request in request_iterator:
             if request.id == "endless":
-                while context.is_active():
-                    yield service_pb2.ModelStreamInferResponse(
-                        infer_response=self._response(request, metadata)
-                    )
-                    time.sleep(0.02)
-                self.cancelled.set()
+                try:
+                    while context.is_active():
+                        yield service_pb2.ModelStreamInferResponse(
+                            infer_response=self._response(request, metadata)
+                        )
+                        time.sleep(0.02)
+                finally:
+                    # gRPC may close this generator at a blocked yield (flow control) rather
+                    # than let the loop see the cancellation: note it either way
+                    if not context.is_active():
+                        self.cancelled.set()
                 return
             yield service_pb2.ModelStreamInferResponse(
                 infer_response=self._response(request, metadata)
