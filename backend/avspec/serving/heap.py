@@ -4,9 +4,11 @@ Why: over a 10-minute soak (docs/reliability.md) the draft and target stubs' res
 about 50% before it levelled off. The stages allocate tensors of a different shape every step
 (ragged batches), which leaves glibc's main arena fragmented: in an in-process reproduction of
 the draft stage the arena held 522 MiB of which 413 MiB were free, and one `malloc_trim(0)`
-brought its RSS from 743 to 334 MiB. Forcing large allocations onto mmap instead
-(`MALLOC_MMAP_THRESHOLD_`) avoided the growth but cost 15-45% of the step time in page faults;
-one `malloc_trim(0)` costs about 2 ms here, so trimming every 10 steps costs well under 1% of a
+brought its RSS from 743 to 334 MiB. The served stages combine this with a fixed 1 MiB mmap
+threshold, huge pages and a smaller oneDNN kernel cache (avspec.serving.triton_env
+`server_environment`) and a KV read workspace (avspec.runtime.kv_cache); a 128 KiB threshold
+alone also avoids the growth but costs the target about 13% in page faults. One
+`malloc_trim(0)` costs about 2 ms here, so trimming every 10 steps costs well under 1% of a
 draft step (about 45 ms) and of a target step (about 200 ms).
 
 Where the C library has no `malloc_trim` (not glibc), trimming is off.

@@ -43,7 +43,11 @@ def test_server_environment() -> None:
     assert "OMP_NUM_THREADS" not in server_environment({}, cpu_threads=None)
 
 
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": "1048576",
+    "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
+    "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64",
+}
 
 
 def test_installed_server_keeps_its_environment_but_the_thread_cap_and_malloc() -> None:
@@ -55,13 +59,19 @@ def test_installed_server_keeps_its_environment_but_the_thread_cap_and_malloc() 
 
 
 def test_malloc_settings_reach_every_server_and_yield_to_the_operators() -> None:
-    """Fixed mmap threshold + huge pages against heap fragmentation in the stage stubs."""
+    """Fixed mmap threshold + huge pages against heap fragmentation in the stage stubs, and a
+    small oneDNN kernel cache (one kernel per gelu input shape)."""
     for bundled in (True, False):
         env = server_environment({"PATH": "/usr/bin"}, bundled=bundled)
         assert {k: env[k] for k in MALLOC_ENV} == MALLOC_ENV
-    mine = {"MALLOC_MMAP_THRESHOLD_": "65536", "GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
+    mine = {
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2",
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0",
+    }
     env = server_environment(mine, bundled=False)
     assert env["MALLOC_MMAP_THRESHOLD_"] == "65536"
+    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
     off = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
     assert server_environment(off, bundled=False)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
