@@ -46,7 +46,7 @@ class Stub:
     model_file: Path
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def proc_stat_fields(pid: int) -> list[str] | None:
     """Fields of /proc/<pid>/stat after the command name, or None if the process is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
@@ -56,7 +56,7 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 def _alive(stub: Stub) -> bool:
-    fields = _stat_fields(stub.pid)
+    fields = proc_stat_fields(stub.pid)
     if fields is None or fields[0] in ("Z", "X"):  # state: zombie or dead
         return False
     return int(fields[19]) == stub.start_time
@@ -70,7 +70,7 @@ def find_stubs(server_pid: int, repository: Path) -> dict[str, Stub]:
         if not entry.name.isdigit():
             continue
         pid = int(entry.name)
-        fields = _stat_fields(pid)
+        fields = proc_stat_fields(pid)
         if fields is None or int(fields[1]) != server_pid or fields[0] in ("Z", "X"):
             continue
         try:

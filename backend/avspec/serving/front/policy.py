@@ -9,7 +9,6 @@ NAT or proxy therefore share an identity over HTTP, and so share their fair part
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import ipaddress
 from collections.abc import Callable, Iterable
@@ -69,10 +68,11 @@ RESTARTING = "a serving stage is restarting (the server reloads it by itself); r
 
 
 async def stage_ready(ready: Callable[[], bool] | None) -> bool:
-    """The extra readiness check, off the event loop (it may take a lock or do I/O)."""
+    """The extra readiness check. It gates every inference call and stream message, so it is
+    called inline: `ready` must be a cheap, non-blocking read (the supervisor's flag)."""
     if ready is None:
         return True
     try:
-        return bool(await asyncio.to_thread(ready))
+        return bool(ready())
     except Exception:  # a failing check means "not ready", never a crashed front
         return False

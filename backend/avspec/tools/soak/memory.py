@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from avspec.serving.supervisor import find_stubs
+from avspec.serving.supervisor import find_stubs, proc_stat_fields
 
 SHM_DIR = Path("/dev/shm")
 SERVER_NAME = "tritonserver"
@@ -100,12 +100,8 @@ def _parents() -> dict[int, int]:
     """{pid: parent pid} of every process /proc shows."""
     parents = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat[stat.rfind(")") + 2 :].split()[1])
+        if entry.name.isdigit() and (fields := proc_stat_fields(int(entry.name))) is not None:
+            parents[int(entry.name)] = int(fields[1])
     return parents
 
 
