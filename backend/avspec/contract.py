@@ -10,12 +10,16 @@ T, one rule for every caller. The bottom layer above the utilities: it imports n
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import torch
 
 from avspec.checks import check_shape
+
+
+def _empty(dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(0, dtype=dtype)
 
 
 @dataclass
@@ -28,7 +32,7 @@ class StepInputs:
     start_positions: torch.Tensor  # [batch] int32, committed length before input_ids
     reusable: torch.Tensor  # [batch] int32, leading input_ids that were last step's drafts
     num_draft_tokens: torch.Tensor  # [batch] int32, 0..K
-    adaptive: torch.Tensor  # [batch] bool
+    adaptive: torch.Tensor  # [batch] bool, drafts compete in the verifier's top-k
     temperature: torch.Tensor  # [batch] float32, 0 = greedy
     top_p: torch.Tensor  # [batch] float32 in (0, 1]
     random_seed: torch.Tensor  # [batch] int64
@@ -36,6 +40,12 @@ class StepInputs:
     # (avspec.av.estimator.refit_excluded)
     prev_num_accepted: torch.Tensor
     release_seq_ids: torch.Tensor  # [released] int64, freed before this step
+    # [batch] bool: an adaptive row also stops drafting by the plan (avspec.av.drafting)
+    adaptive_drafting: torch.Tensor = field(default_factory=lambda: _empty(torch.bool))
+    # [3 + K] float32, the previous step's DraftPlan; empty: no plan, every row drafts its cap
+    draft_plan: torch.Tensor = field(default_factory=lambda: _empty(torch.float32))
+    # [K + 2] float32, the previous step's draft ms per pass, target ms, step wall ms; or empty
+    prev_timing_ms: torch.Tensor = field(default_factory=lambda: _empty(torch.float32))
 
     @property
     def batch_size(self) -> int:
@@ -52,6 +62,12 @@ class StepOutputs:
     output_ids: torch.Tensor  # [batch, K + 1] int32
     num_accepted: torch.Tensor  # [batch] int32; the sequence gains num_accepted + 1 tokens
     num_verify: torch.Tensor  # [batch] int32, drafts the verifier admitted
+    # [3 + K] float32, the plan of the next step (avspec.av.drafting); empty: none
+    draft_plan: torch.Tensor = field(default_factory=lambda: _empty(torch.float32))
+    draft_ms: torch.Tensor = field(default_factory=lambda: _empty(torch.float32))  # [K] ms per pass
+    # [batch] int32, drafts the draft stage produced (<= num_draft_tokens); empty: not reported
+    num_drafted: torch.Tensor = field(default_factory=lambda: _empty(torch.int32))
+    target_ms: torch.Tensor = field(default_factory=lambda: _empty(torch.float32))  # [1] ms
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -68,6 +84,8 @@ class HostStep:
     num_draft_tokens: list[int]
     random_seed: list[int]
     release_seq_ids: list[int]
+    adaptive: list[bool]
+    adaptive_drafting: list[bool]
 
 
 _PER_SEQUENCE = (
@@ -95,6 +113,12 @@ def read_step_inputs(inputs: StepInputs, max_draft_tokens: int) -> HostStep:
         check_shape(name, getattr(inputs, name), (batch,))
     check_shape("prev_num_accepted", inputs.prev_num_accepted, (None,))
     check_shape("release_seq_ids", inputs.release_seq_ids, (None,))
+    drafting = inputs.adaptive_drafting
+    if drafting.numel() == 0:  # not sent: fixed drafting
+        drafting = torch.zeros(batch, dtype=torch.bool)
+    check_shape("adaptive_drafting", drafting, (batch,))
+    check_shape("draft_plan", inputs.draft_plan, (None,))
+    check_shape("prev_timing_ms", inputs.prev_timing_ms, (None,))
     step = HostStep(
         seq_ids=inputs.seq_ids.tolist(),
         input_lengths=inputs.input_lengths.tolist(),
@@ -103,6 +127,8 @@ def read_step_inputs(inputs: StepInputs, max_draft_tokens: int) -> HostStep:
         num_draft_tokens=inputs.num_draft_tokens.tolist(),
         random_seed=inputs.random_seed.tolist(),
         release_seq_ids=inputs.release_seq_ids.tolist(),
+        adaptive=inputs.adaptive.tolist(),
+        adaptive_drafting=drafting.tolist(),
     )
     width = inputs.input_ids.shape[1]
     if len(set(step.seq_ids)) != batch:

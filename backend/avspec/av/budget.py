@@ -1,51 +1,120 @@
-"""Verification budget: the number of drafts that maximises expected tokens per millisecond.
+"""The budget of a step, and the drafting plan that comes with it, from stale survival values.
 
-Spec section 4: sort candidate scores descending, then
+Spec section 4, extended with the draft side (section 6): rank the candidate draft positions by
+survival values known before the step (the previous step's), then
 
-    expected_tokens[b] = N + cumsum(scores)[b - 1]        (expected_tokens[0] = N)
-    cost[b]            = draft_cost(num_requests) + verify_cost(base_tokens + b)
-    budget             = argmax_b expected_tokens[b] / cost[b]     (ties -> smallest b)
+    expected_tokens[b] = N + sum of the b best scores               (expected_tokens[0] = N)
+    cost[b]            = the step's ms when the b best are drafted and verified (StepCost)
+    budget             = argmax_b expected_tokens[b] / cost[b]       (ties -> smallest b)
 
 For losslessness the scores must be known before this step's drafts were sampled: the verifier
-passes the PREVIOUS step's survival values (see avspec.av.verifier).
+passes the PREVIOUS step's survival values (see avspec.av.verifier). The same ranking gives the
+next step's drafting plan (depth D and threshold tau, avspec.av.drafting).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from avspec.av.cost_table import CostTable
-from avspec.checks import check_shape
+from avspec.av.step_cost import StepCost
+from avspec.checks import check_same_device, check_shape
 
 
-def choose_budget(
-    scores: torch.Tensor,
-    num_requests: int,
+@dataclass
+class StepPlan:
+    """`plan_step`'s result; 0-dim tensors on the scores' device (no host sync)."""
+
+    budget: torch.Tensor  # int64: drafts admitted among adaptive candidates
+    depth: torch.Tensor  # int64: D, draft positions for rows drafting adaptively (>= 1)
+    threshold: torch.Tensor  # float64: tau in [0, 1]
+    expected_tokens: torch.Tensor  # float64: tokens expected at the budget
+    expected_ms: torch.Tensor  # float64: step ms the cost model predicts at the budget
+
+
+def plan_step(
+    stale: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+    adaptive: torch.Tensor,
+    adaptive_drafting: torch.Tensor,
     base_tokens: int | torch.Tensor,
-    draft_cost: CostTable,
-    verify_cost: CostTable,
-) -> torch.Tensor:
-    """Budget b in 0..len(scores) as a 0-dim int64 tensor on scores' device (no host sync).
+    cost: StepCost,
+) -> StepPlan:
+    """Budget, depth and threshold from stale survival values; see the module doc.
 
-    scores [candidates]: one score per candidate draft position, any order. Zero scores never
-    raise the argmax (they add no tokens and cost is non-decreasing), so callers may pass a padded
-    [batch * position] tensor with 0 for non-candidates. num_requests: N, the requests that sample
-    a token this step; base_tokens: T, tokens the target processes anyway (int or 0-dim tensor).
+    stale [batch, K]: survival values known before the step (the previous step's, 1.0 where
+    unknown), non-increasing along K. num_draft_tokens [batch]: caps. adaptive [batch] bool: the
+    request's drafts compete in the top-k (else all its drafts are verified and count in T).
+    adaptive_drafting [batch] bool: the request stops by the plan (only meaningful with
+    adaptive; otherwise it drafts to its cap and pays those passes whatever the budget).
+    base_tokens: tokens the target runs anyway.
+
+        expected[b] = N + sum of the b best stale scores
+        ms[b]       = overhead + draft_pass(T) + draft passes of full rows
+                      + the passes the b best need (a draft at position p >= 1 of an adaptive
+                        drafter adds one row to pass p) + verify(T + full drafts + b)
+        budget      = argmax_b expected[b] / ms[b]   (ties: smallest b)
+        depth       = 1 + deepest admitted position of an adaptive drafter (at least 1)
+        threshold   = (expected / ms at the budget) * (draft ms per row + verify ms per token)
+
+    The threshold is the exchange rate of the budget: one more draft is worth drafting while its
+    survival pays for the row it adds to a pass and the token it adds to verification.
     """
-    check_shape("scores", scores, (None,))
-    if num_requests < 0:
-        raise ValueError(f"num_requests must be >= 0, got {num_requests}")
-    if not isinstance(base_tokens, torch.Tensor) and base_tokens < 0:
-        raise ValueError(f"base_tokens must be >= 0, got {base_tokens}")
-    device = scores.device
-    ordered = torch.sort(scores.double(), descending=True).values
-    expected = num_requests + torch.cat([ordered.new_zeros(1), torch.cumsum(ordered, dim=0)])
+    check_shape("stale", stale, (None, None))
+    batch, num_pos = stale.shape
+    for name, t in (
+        ("num_draft_tokens", num_draft_tokens), ("adaptive", adaptive),
+        ("adaptive_drafting", adaptive_drafting),
+    ):  # fmt: skip
+        check_shape(name, t, (batch,))
+    check_same_device(stale=stale, num_draft_tokens=num_draft_tokens, adaptive=adaptive)
+    device = stale.device
+    caps = num_draft_tokens.long()
+    adaptive = adaptive.bool()
+    drafter = adaptive & adaptive_drafting.to(device).bool()  # [batch]
+    positions = torch.arange(num_pos, device=device)
+    within = positions < caps[:, None]  # [batch, K]
+    candidates = within & adaptive[:, None]
+    full_drafts = torch.where(adaptive, torch.zeros_like(caps), caps).sum()
+    tokens = base_tokens + full_drafts  # verified whatever the budget
+    # Rows that draft to their caps fill passes p >= 1 whatever the budget.
+    full_rows = (within & ~drafter[:, None]).sum(0)  # [K]
+    full_rows[:1] = 0
+    fixed_ms = (
+        cost.overhead_ms
+        + cost.pass_ms(torch.as_tensor(base_tokens, device=device)).sum()
+        + cost.pass_ms(full_rows).sum()
+    )
+
+    # Position-major order with a stable sort: ties go to the earlier position, then the row.
+    flat = stale.double().transpose(0, 1).reshape(-1)  # [K * batch], index p * batch + r
+    flat_cand = candidates.transpose(0, 1).reshape(-1)
+    key = torch.where(flat_cand, flat.clamp(0.0, 1.0), torch.full_like(flat, -1.0))
+    order = torch.sort(key, descending=True, stable=True).indices
+    scores = key[order].clamp_min(0.0)  # non-candidates last, scoring 0
+    pos = order // max(batch, 1)
+    row = order % max(batch, 1)
+    joins = flat_cand[order] & drafter[row] & (pos >= 1)  # adds a row to draft pass `pos`
+    onehot = torch.nn.functional.one_hot(pos, num_pos).long() * joins[:, None].long()  # [n, K]
+    before = ((torch.cumsum(onehot, 0) - onehot) * onehot).sum(-1)  # earlier joiners of pass
+    rows_then = full_rows[pos] + before
+    extra = torch.where(joins, cost.pass_ms(rows_then + 1) - cost.pass_ms(rows_then), 0.0)
+
+    zero = scores.new_zeros(1)
+    expected = batch + torch.cat([zero, torch.cumsum(scores, 0)])
     sizes = torch.arange(scores.shape[0] + 1, device=device)
-    # The draft cost is a host-side lookup (num_requests is a Python int); building device
-    # tensors from Python numbers would be a blocking host-to-device copy on CUDA.
-    draft_ms = float(draft_cost(float(num_requests)))
-    cost = draft_ms + verify_cost(sizes + base_tokens).double()
-    # A zero-cost table would divide by zero; a tiny floor keeps the ratio ordered.
-    ratio = expected / cost.clamp_min(1e-12)
-    best = ratio == ratio.max()
-    return torch.where(best, sizes, sizes.shape[0]).min().long()
+    millis = fixed_ms + torch.cat([zero, torch.cumsum(extra, 0)]) + cost.verify(tokens + sizes)
+    ratio = expected / millis.clamp_min(1e-12)
+    budget = torch.where(ratio == ratio.max(), sizes, sizes.shape[0]).min().long()
+
+    admitted = (sizes[1:] <= budget) & flat_cand[order] & drafter[row]
+    depth = (torch.where(admitted, pos, 0).max() if admitted.numel() else pos.new_zeros(())) + 1
+    drafters = drafter.sum()
+    rate = ratio[budget]
+    marginal = (
+        cost.draft_pass.slope(drafters.clamp_min(1)).double()
+        + cost.verify.slope(tokens + budget).double()
+    )
+    threshold = (rate * marginal).clamp(0.0, 1.0)
+    return StepPlan(budget, depth.long(), threshold, expected[budget], millis[budget])

@@ -1,18 +1,22 @@
 """The verifier stage: estimator confidences -> survival -> budget -> admitted draft prefixes.
 
-One `AdaptiveVerifier.step` per decode step (spec sections 2-4), in this order:
+One `AdaptiveVerifier.step` per decode step (spec sections 2-4 and 6), in this order:
 
 1. label the previous step: its outcome `prev_num_accepted` (aligned with the previous batch; -1
    = this row does not feed the refit) and the features / predictions / num_verify recorded then
-   go to `estimator.observe`; then
-   `estimator.step()` (counts the decode step, refits on schedule);
-2. confidences c = estimator.predict(features); survival = cumprod(c) over each request's drafts;
-3. budget = argmax expected tokens / cost over the PREVIOUS step's survival values of the
-   sequences present now (matched by seq id on the host; a sequence with no previous values
-   scores 1.0 at each candidate position), with T = base_tokens + the drafts of requests whose
-   `adaptive` flag is off (those are verified in full and take no part in the top-k);
-4. admission: the `budget` best survival values among adaptive candidates (avspec.av.survival);
-5. record this step for the next one, forget released sequences.
+   go to `estimator.observe`; its measured stage times (`prev_timing_ms`) go to the cost refresh;
+   then `estimator.step()` (counts the decode step, refits on schedule);
+2. confidences c = estimator.predict(features) at the drafted positions; survival = cumprod(c)
+   over each request's drafts;
+3. the budget: `avspec.av.drafting.plan_step` over the PREVIOUS step's survival values of the
+   sequences present now (matched by seq id on the host; positions the sequence did not draft
+   then are extrapolated with its last confidence; a sequence with no previous values scores 1.0),
+   with T = base_tokens + the drafts of requests whose `adaptive` flag is off (those are verified
+   in full and take no part in the top-k), and the draft passes priced by the cost tables;
+4. admission: the `budget` best survival values among the drafted adaptive candidates
+   (avspec.av.survival);
+5. record this step for the next one, forget released sequences, and plan the next step's
+   drafting from this step's survival rows (`draft_plan`: coefficients, tau, depth).
 
 Why stale scores (losslessness): whether draft x_i is verified may depend only on what was known
 before x_i was drawn. Top-k admission with a given budget satisfies this; a budget computed from
@@ -21,37 +25,47 @@ staircase: one request, costs 1 with no drafts and 2 with one or two, s1 = 0.8, 
 the current-step argmax verifies both drafts when s2 > 0.2 and none otherwise, so whether x1 is
 verified depends on x1 itself (tests/unit/av/test_lossless.py measures the bias). The previous
 step's values are fixed before any of this step's drafts are drawn, so any budget built from them
-is safe.
+is safe. The same holds for the plan handed to the next step's draft
+(tests/unit/av/test_drafting_exact.py proves both by exact enumeration).
 
 Host-side work: seq ids are read on the host (a device `seq_ids` is copied, which syncs) to
-match rows; `check_values=True` also validates values on the host. Everything else stays on the
-features' device.
+match rows; `check_values=True` also validates values on the host; the cost refresh reads the
+previous step's drafted counts (long finished by then). Everything else stays on the features'
+device.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from avspec.av.budget import choose_budget
-from avspec.av.cost_table import CostTable
+from avspec.av.budget import plan_step
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
+from avspec.av.step_cost import StepCost
 from avspec.av.survival import admit, survival
 from avspec.checks import check_finite, check_same_device, check_shape
+
+if TYPE_CHECKING:
+    from avspec.av.cost_refresh import CostRefresh
 
 
 @dataclass
 class VerifyDecision:
     """What the verifier decided for one step. Shapes in the field comments."""
 
-    num_verify: torch.Tensor  # [batch] int32, prefix of drafts to verify, <= num_draft_tokens
+    num_verify: torch.Tensor  # [batch] int32, prefix of drafts to verify, <= num_drafted
     confidences: torch.Tensor  # [batch, position] fp32, predicted acceptance probabilities
     survival: torch.Tensor  # [batch, position] fp32, 0 at padding positions
     budget: torch.Tensor  # [] int64, drafts admitted among adaptive requests (an upper bound)
-    drafted: torch.Tensor  # [] int64, sum of num_draft_tokens
+    drafted: torch.Tensor  # [] int64, sum of num_drafted
     verified: torch.Tensor  # [] int64, sum of num_verify
     trimmed: torch.Tensor  # [] int64, drafted - verified
+    draft_plan: torch.Tensor  # [3 + K] float32 on the device, the next step's plan; or empty
+    stopped_early: torch.Tensor  # [] int64, sum of num_draft_tokens - num_drafted
+    draft_passes: torch.Tensor  # [] int64, draft positions the deepest row drafted
+    draft_ms_saved: torch.Tensor  # [] float64, cost-table ms of the passes not run vs the caps
 
 
 @dataclass
@@ -61,22 +75,31 @@ class _Record:
     features: torch.Tensor  # [batch, position]
     predictions: torch.Tensor  # [batch, position]
     num_verify: torch.Tensor  # [batch]
+    num_drafted: torch.Tensor  # [batch], for the cost refresh
+    base_tokens: int  # tokens the target ran besides the admitted drafts
 
 
 class AdaptiveVerifier:
-    """Chooses how many drafts each request verifies, and feeds outcomes back to the estimator."""
+    """Chooses how many drafts each request verifies, and feeds outcomes back to the estimator.
+
+    cost: the step cost model the budget and the drafting plan use; refresh, when given, updates
+    it from measured stage times (avspec.av.cost_refresh). drafting=False emits no plan: every
+    row drafts its cap, as before adaptive drafting.
+    """
 
     def __init__(
         self,
         estimator: AcceptanceEstimator,
-        draft_cost: CostTable,
-        verify_cost: CostTable,
+        cost: StepCost,
         check_values: bool = True,
+        refresh: CostRefresh | None = None,
+        drafting: bool = True,
     ) -> None:
         self.estimator = estimator
-        self.draft_cost = draft_cost
-        self.verify_cost = verify_cost
+        self.cost = cost
         self.check_values = check_values
+        self.refresh = refresh
+        self.drafting = drafting
         self._pending: _Record | None = None
         # Last step's survival rows [prev_batch, position] and seq id -> row; released ids leave
         # the map. In steady state the batch repeats in order and the rows are reused as they are.
@@ -85,6 +108,7 @@ class AdaptiveVerifier:
         self.num_steps = 0
         self.num_observed = 0
         self.num_dropped_records = 0  # outcomes whose length did not match the recorded batch
+        self.num_bad_timings = 0  # prev_timing_ms the cost refresh refused
 
     def step(
         self,
@@ -95,23 +119,34 @@ class AdaptiveVerifier:
         prev_num_accepted: torch.Tensor,
         release_seq_ids: torch.Tensor,
         base_tokens: int,
+        num_drafted: torch.Tensor | None = None,
+        adaptive_drafting: torch.Tensor | None = None,
+        prev_timing_ms: torch.Tensor | None = None,
     ) -> VerifyDecision:
         """Decide num_verify for one step; see the module docstring for the order of work.
 
         seq_ids [batch] int64 (distinct), features [batch, position] fp (logit q_max; padding
-        positions may hold anything), num_draft_tokens [batch] int in 0..position, adaptive
-        [batch] bool, prev_num_accepted [prev_batch] int (empty = no outcome; a length other than
-        the previous batch drops that record, counted in num_dropped_records; -1 leaves that row
-        unlabelled), release_seq_ids
-        [released] int64 (forgotten before matching, so a reused id counts as new), base_tokens:
-        tokens the target runs anyway. An empty batch is valid (e.g. a release-only call): it
-        labels the previous step, returns empty tensors and does not count as a decode step.
-        Bad input raises ValueError before any state changes.
+        positions may hold anything), num_draft_tokens [batch] int in 0..position (the caps),
+        adaptive [batch] bool, prev_num_accepted [prev_batch] int (empty = no outcome; a length
+        other than the previous batch drops that record, counted in num_dropped_records; -1
+        leaves that row unlabelled), release_seq_ids [released] int64 (forgotten before
+        matching, so a reused id counts as new), base_tokens: tokens the target runs anyway.
+        num_drafted [batch] int in 0..num_draft_tokens: drafts the draft stage produced (default:
+        the caps); adaptive_drafting [batch] bool: rows the plan may stop (default: none);
+        prev_timing_ms [K + 2] (draft ms per pass, target ms, step wall ms of the previous step;
+        empty or None: no timing). An empty batch is valid (e.g. a release-only call): it labels
+        the previous step, returns empty tensors and does not count as a decode step. Bad input
+        raises ValueError before any state changes.
         """
+        if num_drafted is None:
+            num_drafted = num_draft_tokens
+        if adaptive_drafting is None:
+            adaptive_drafting = torch.zeros_like(adaptive)
         ids, released = self._validate(
             seq_ids, features, num_draft_tokens, adaptive, prev_num_accepted, release_seq_ids,
-            base_tokens,
+            base_tokens, num_drafted, adaptive_drafting,
         )  # fmt: skip
+        self._observe_timing(prev_timing_ms, prev_num_accepted)
         self._label_previous(prev_num_accepted)
         batch, num_pos = features.shape
         for seq_id in released:
@@ -123,31 +158,86 @@ class AdaptiveVerifier:
         self.num_steps += 1
 
         positions = torch.arange(num_pos, device=features.device)
-        candidates = positions < num_draft_tokens[:, None]  # [batch, position]
+        candidates = positions < num_drafted[:, None]  # [batch, position]
         clean = torch.where(candidates, features.float(), torch.zeros_like(features.float()))
         confidences = self.estimator.predict(clean)
-        values, candidates = survival(confidences, num_draft_tokens)
+        values, candidates = survival(confidences, num_drafted)
 
         in_topk = candidates & adaptive[:, None]
         stale = self._stale_rows(ids, num_pos, features.device)
-        scores = torch.where(in_topk, stale, torch.zeros_like(stale)).flatten()
-        full = torch.where(adaptive, torch.zeros_like(num_draft_tokens), num_draft_tokens)
-        total_base = base_tokens + full.long().sum()
-        budget = choose_budget(scores, batch, total_base, self.draft_cost, self.verify_cost)
-        admitted = admit(values, in_topk, budget)
-        num_verify = torch.where(adaptive, admitted, num_draft_tokens.int()).int()
+        plan = plan_step(
+            stale, num_draft_tokens, adaptive, adaptive_drafting, base_tokens, self.cost
+        )
+        admitted = admit(values, in_topk, plan.budget)
+        num_verify = torch.where(adaptive, admitted, num_drafted.int()).int()
 
-        self._pending = _Record(clean, confidences, num_verify)
-        # Survival with padding confidences set to 1: the last candidate's value carried forward,
-        # 1.0 for a row with no candidates, so a longer row next step still has scores.
-        rows = torch.cumprod(torch.where(candidates, confidences, torch.ones_like(confidences)), -1)
+        self._pending = _Record(clean, confidences, num_verify, num_drafted, base_tokens)
+        rows = _extrapolated_survival(confidences, candidates)
         self._stale = {seq_id: index for index, seq_id in enumerate(ids)}
         self._stale_values = rows
-        drafted = num_draft_tokens.long().sum()
+        drafted = num_drafted.long().sum()
         verified = num_verify.long().sum()
         return VerifyDecision(
-            num_verify, confidences, values, budget, drafted, verified, drafted - verified
+            num_verify, confidences, values, plan.budget, drafted, verified, drafted - verified,
+            draft_plan=self._next_plan(rows, num_draft_tokens, adaptive, adaptive_drafting,
+                                       base_tokens),
+            stopped_early=num_draft_tokens.long().sum() - drafted,
+            draft_passes=num_drafted.long().max(),
+            draft_ms_saved=self._draft_ms_saved(num_draft_tokens, num_drafted, num_pos),
+        )  # fmt: skip
+
+    def _next_plan(
+        self,
+        rows: torch.Tensor,
+        num_draft_tokens: torch.Tensor,
+        adaptive: torch.Tensor,
+        adaptive_drafting: torch.Tensor,
+        base_tokens: int,
+    ) -> torch.Tensor:
+        """The plan of the next step from this step's survival rows (this batch as its proxy).
+
+        [3 + K] float32 on the estimator's device: threshold, depth, slope, intercepts (the
+        layout of DraftPlan.to_tensor), built without a host sync; empty when drafting is off.
+        """
+        if not self.drafting:
+            return torch.zeros(0, device=rows.device)
+        plan = plan_step(
+            rows, num_draft_tokens, adaptive, adaptive_drafting, base_tokens, self.cost
         )
+        head = torch.stack([plan.threshold.float(), plan.depth.float(), self.estimator.slope])
+        return torch.cat([head, self.estimator.intercepts[: rows.shape[1]].float()])
+
+    def _draft_ms_saved(
+        self, caps: torch.Tensor, drafted: torch.Tensor, num_pos: int
+    ) -> torch.Tensor:
+        """Cost-table ms of the draft passes p >= 1 the caps would have run and were not run."""
+        passes = torch.arange(1, num_pos, device=caps.device)  # [K - 1]
+        full = (caps.long()[None, :] > passes[:, None]).sum(1)
+        ran = (drafted.long()[None, :] > passes[:, None]).sum(1)
+        return (self.cost.pass_ms(full) - self.cost.pass_ms(ran)).sum()
+
+    def _observe_timing(
+        self, prev_timing_ms: torch.Tensor | None, prev_num_accepted: torch.Tensor
+    ) -> None:
+        """Hand the previous step's stage times, with its sizes, to the cost refresh."""
+        pending = self._pending
+        if (
+            self.refresh is None
+            or prev_timing_ms is None
+            or prev_timing_ms.numel() == 0
+            or pending is None
+            or pending.num_verify.shape[0] != prev_num_accepted.shape[0]
+        ):
+            return
+        timing = [float(t) for t in prev_timing_ms.detach().cpu().tolist()]
+        drafted = pending.num_drafted.detach().cpu().long()
+        k = len(timing) - 2
+        rows = [pending.base_tokens] + [int((drafted > p).sum()) for p in range(1, k)]
+        tokens = pending.base_tokens + int(pending.num_verify.detach().cpu().long().sum())
+        try:
+            self.refresh.observe(rows, timing[:k], tokens, timing[k], timing[k + 1])
+        except ValueError:
+            self.num_bad_timings += 1
 
     def _label_previous(self, prev_num_accepted: torch.Tensor) -> None:
         pending = self._pending
@@ -185,15 +275,22 @@ class AdaptiveVerifier:
         prev_num_accepted: torch.Tensor,
         release_seq_ids: torch.Tensor,
         base_tokens: int,
+        num_drafted: torch.Tensor,
+        adaptive_drafting: torch.Tensor,
     ) -> tuple[list[int], list[int]]:
         check_shape("features", features, (None, None))
         batch, num_pos = features.shape
         check_shape("seq_ids", seq_ids, (batch,))
         check_shape("num_draft_tokens", num_draft_tokens, (batch,))
         check_shape("adaptive", adaptive, (batch,))
+        check_shape("num_drafted", num_drafted, (batch,))
+        check_shape("adaptive_drafting", adaptive_drafting, (batch,))
         check_shape("prev_num_accepted", prev_num_accepted, (None,))
         check_shape("release_seq_ids", release_seq_ids, (None,))
-        check_same_device(features=features, num_draft_tokens=num_draft_tokens, adaptive=adaptive)
+        check_same_device(
+            features=features, num_draft_tokens=num_draft_tokens, adaptive=adaptive,
+            num_drafted=num_drafted, adaptive_drafting=adaptive_drafting,
+        )  # fmt: skip
         if prev_num_accepted.numel():
             check_same_device(features=features, prev_num_accepted=prev_num_accepted)
         if batch and num_pos == 0:
@@ -205,11 +302,13 @@ class AdaptiveVerifier:
             raise ValueError(f"features on {features.device}, estimator on {self.estimator.device}")
         if not features.is_floating_point():
             raise ValueError(f"features must be floating point, got {features.dtype}")
-        if adaptive.dtype != torch.bool:
-            raise ValueError(f"adaptive must be a bool tensor, got {adaptive.dtype}")
+        for name, t in (("adaptive", adaptive), ("adaptive_drafting", adaptive_drafting)):
+            if t.dtype != torch.bool:
+                raise ValueError(f"{name} must be a bool tensor, got {t.dtype}")
         for name, t in (
             ("seq_ids", seq_ids), ("num_draft_tokens", num_draft_tokens),
-            ("prev_num_accepted", prev_num_accepted), ("release_seq_ids", release_seq_ids),
+            ("num_drafted", num_drafted), ("prev_num_accepted", prev_num_accepted),
+            ("release_seq_ids", release_seq_ids),
         ):  # fmt: skip
             if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
                 raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
@@ -219,19 +318,22 @@ class AdaptiveVerifier:
         if len(set(ids)) != len(ids):
             raise ValueError(f"seq_ids must be distinct, got {ids}")
         if self.check_values:
-            self._check_values(features, num_draft_tokens, prev_num_accepted)
+            self._check_values(features, num_draft_tokens, num_drafted, prev_num_accepted)
         return ids, [int(i) for i in release_seq_ids.cpu().tolist()]
 
     def _check_values(
         self,
         features: torch.Tensor,
         num_draft_tokens: torch.Tensor,
+        num_drafted: torch.Tensor,
         prev_num_accepted: torch.Tensor,
     ) -> None:
         num_pos = features.shape[1]
         if bool(((num_draft_tokens < 0) | (num_draft_tokens > num_pos)).any()):
             raise ValueError(f"num_draft_tokens must lie in 0..{num_pos}")
-        candidates = torch.arange(num_pos, device=features.device) < num_draft_tokens[:, None]
+        if bool(((num_drafted < 0) | (num_drafted > num_draft_tokens)).any()):
+            raise ValueError("num_drafted must lie in 0..num_draft_tokens")
+        candidates = torch.arange(num_pos, device=features.device) < num_drafted[:, None]
         check_finite("features at draft positions", torch.where(candidates, features, 0.0))
         if bool((features[candidates] == float("-inf")).any()):
             raise ValueError("features at draft positions contains -inf")
@@ -253,11 +355,25 @@ def _fit_columns(values: torch.Tensor, num_pos: int) -> torch.Tensor:
     return torch.cat([values, last.expand(-1, num_pos - values.shape[1])], dim=1)
 
 
+def _extrapolated_survival(confidences: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+    """Survival rows [batch, position] for the next step's stale scores.
+
+    Past a row's last drafted position the confidence of that position is repeated (a geometric
+    tail), so a row that drafted less than its cap still ranks its deeper positions sensibly
+    next step; a row that drafted nothing scores 1.0 everywhere, like a new sequence.
+    """
+    count = candidates.sum(-1, keepdim=True)  # [batch, 1]
+    last = confidences.gather(-1, (count - 1).clamp_min(0))  # [batch, 1]
+    filled = torch.where(candidates, confidences, torch.where(count > 0, last, 1.0))
+    return torch.cumprod(filled, -1)
+
+
 def _empty_decision(features: torch.Tensor) -> VerifyDecision:
     device = features.device
     empty = torch.zeros(features.shape, device=device)
     zero = torch.zeros((), dtype=torch.int64, device=device)
     return VerifyDecision(
         torch.zeros(0, dtype=torch.int32, device=device), empty, empty.clone(), zero, zero,
-        zero.clone(), zero.clone(),
+        zero.clone(), zero.clone(), torch.zeros(0, device=device), zero.clone(), zero.clone(),
+        torch.zeros((), dtype=torch.float64, device=device),
     )  # fmt: skip

@@ -1,23 +1,34 @@
-"""The draft stage of one speculative step: feed pending tokens, then draft K tokens per sequence.
+"""The draft stage of one speculative step: feed pending tokens, then draft up to K tokens per row.
 
 One `forward_cached` call runs every sequence's pending inputs (prefill and decode mixed); the
-logits at each sequence's last pending token give draft 0. Then up to K - 1 one-token decode
-passes each feed the previous draft of the rows that want more drafts and sample the next one.
-The last draft is never fed: if it is accepted, the next step brings it back as an input and the
-cache rule (keep `min(cached, start + reusable)`) makes the draft run it then.
+logits at each sequence's last pending token give draft 0. Then one-token decode passes each
+feed the previous draft of the rows still drafting and sample the next one. The last draft is
+never fed: if it is accepted, the next step brings it back as an input and the cache rule (keep
+`min(cached, start + reusable)`) makes the draft run it then.
+
+How far a row drafts (avspec.av.drafting): without a plan, or for a row that is not adaptive or
+not drafting adaptively, to its `num_draft_tokens`. Otherwise to at most the plan's depth D, and
+past position i only while its survival under the plan's (start-of-step) coefficients stays >=
+tau. On the CPU a row that stopped leaves the batch of the next pass (compaction: the pass costs
+what its rows cost). On CUDA the rows are masked instead, so the loop never reads a device value:
+D and the limits are host numbers from the plan, stopped rows still run but draft nothing (not yet
+run on a GPU).
 
 Each draft is sampled from the warped draft distribution q (avspec.engine.sampling, same warp as the
 target) with the sequence's own generator; the feature is logit(q_max) of the temperature-scaled
-logits (avspec.av.features). Positions >= a row's num_draft_tokens are padding: token 0, q = 0,
-feature 0.
+logits (avspec.av.features). Positions >= a row's `num_drafted` are padding: token 0, q = 0,
+feature 0. `pass_ms` times each pass on the host clock (the cost refresh reads it; on CUDA it is
+launch time unless the caller synchronises).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
 
+from avspec.av.drafting import DraftPlan, draft_limits, keeps_drafting, stop_confidence
 from avspec.av.features import logit_qmax
 from avspec.contract import StepInputs, read_step_inputs
 from avspec.engine.sampling import sample, warp_probs
@@ -26,11 +37,13 @@ from avspec.engine.stage import DRAFT_SALT, ModelStage
 
 @dataclass
 class DraftOutput:
-    """Drafts of one step. Positions past a row's num_draft_tokens are padding."""
+    """Drafts of one step. Positions past a row's num_drafted are padding."""
 
     draft_tokens: torch.Tensor  # [batch, K] int32
     draft_probs: torch.Tensor  # [batch, K, vocab] float32, the warped q each draft came from
     draft_features: torch.Tensor  # [batch, K] float32, logit(q_max) per position
+    num_drafted: torch.Tensor  # [batch] int32, <= num_draft_tokens
+    pass_ms: torch.Tensor  # [K] float32 (CPU), host ms of each pass; 0 = not run
 
 
 class DraftStage(ModelStage):
@@ -42,13 +55,19 @@ class DraftStage(ModelStage):
     def __call__(self, inputs: StepInputs) -> DraftOutput:
         """Release, apply the cache rule, run pending inputs, and draft; see the module doc."""
         step = read_step_inputs(inputs, self.max_draft_tokens)
+        plan = DraftPlan.from_tensor(inputs.draft_plan, self.max_draft_tokens)
         offsets = self.slots.prepare(step)
         batch, k, vocab = inputs.batch_size, self.max_draft_tokens, self.model.config.vocab_size
-        tokens = torch.zeros(batch, k, dtype=torch.int32, device=self.device)
-        probs = torch.zeros(batch, k, vocab, dtype=torch.float32, device=self.device)
-        features = torch.zeros(batch, k, dtype=torch.float32, device=self.device)
+        out = DraftOutput(
+            torch.zeros(batch, k, dtype=torch.int32, device=self.device),
+            torch.zeros(batch, k, vocab, dtype=torch.float32, device=self.device),
+            torch.zeros(batch, k, dtype=torch.float32, device=self.device),
+            torch.zeros(batch, dtype=torch.int32, device=self.device),
+            torch.zeros(k, dtype=torch.float32),
+        )
         if batch == 0:
-            return DraftOutput(tokens, probs, features)
+            return out
+        started = time.perf_counter()
         temperature = inputs.temperature.to(self.device, torch.float32)
         top_p = inputs.top_p.to(self.device, torch.float32)
         generators = self.slots.generators(step.seq_ids)
@@ -60,39 +79,110 @@ class DraftStage(ModelStage):
         logits = self.model.forward_cached(self.cache, step.seq_ids, packed, lengths)
         last = torch.tensor(lengths, device=self.device).cumsum(0) - 1  # [batch]
         logits = logits[last]  # [batch, vocab], at each row's last pending token
+        limits, stops = draft_limits(
+            step.num_draft_tokens, step.adaptive, step.adaptive_drafting, plan
+        )
+        alive = _Alive(stops, plan, self.device, compact=self.compact)
         rows = list(range(batch))
         for position in range(k):
-            rows = [r for r in rows if step.num_draft_tokens[r] > position]
+            rows = [r for r in rows if limits[r] > position and alive.may_draft(r)]
             if not rows:
                 break
             index = torch.tensor(rows, device=self.device)  # [rows]
             if position == 0:
                 logits = logits[index]
             else:
-                previous = tokens[index, position - 1].long()  # [rows]
+                previous = out.draft_tokens[index, position - 1].long()  # [rows]
                 seq_ids = [step.seq_ids[r] for r in rows]
                 logits = self.model.forward_cached(self.cache, seq_ids, previous, [1] * len(rows))
             draw = _Draw(index, temperature[index], top_p[index], [generators[r] for r in rows])
-            self._draft_position(position, draw, logits, tokens, probs, features)
-        return DraftOutput(tokens, probs, features)
+            features = self._draft_position(position, draw, logits, out, alive.mask(index))
+            alive.update(rows, index, position, features)
+            now = time.perf_counter()
+            out.pass_ms[position] = (now - started) * 1e3
+            started = now
+        return out
+
+    @property
+    def compact(self) -> bool:
+        """Drop stopped rows from later passes (reads a device value per pass: CPU only)."""
+        return self.device.type == "cpu"
 
     def _draft_position(
         self,
         position: int,
         draw: _Draw,
         logits: torch.Tensor,
-        tokens: torch.Tensor,
-        probs: torch.Tensor,
-        features: torch.Tensor,
-    ) -> None:
-        """Sample draft `position` of the rows in `draw` from logits [rows, vocab]."""
+        out: DraftOutput,
+        drafting: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Sample draft `position` of the rows in `draw` from logits [rows, vocab].
+
+        drafting [rows] bool or None (all): rows masked off (CUDA, stopped) keep padding.
+        Returns the rows' features [rows].
+        """
         logits = logits[:, None, :]  # [rows, 1, vocab]
         check = self.check_values
         q = warp_probs(logits, draw.temperature, draw.top_p, check_values=check)[:, 0]
-        tokens[draw.index, position] = sample(q, draw.generators, check_values=check).int()
-        probs[draw.index, position] = q
-        qmax = logit_qmax(logits, draw.temperature, check_values=check)  # [rows, 1]
-        features[draw.index, position] = qmax[:, 0]
+        tokens = sample(q, draw.generators, check_values=check).int()
+        features = logit_qmax(logits, draw.temperature, check_values=check)[:, 0]  # [rows]
+        if drafting is not None:
+            tokens = torch.where(drafting, tokens, 0)
+            q = torch.where(drafting[:, None], q, 0.0)
+            features = torch.where(drafting, features, 0.0)
+            out.num_drafted[draw.index] += drafting.int()
+        else:
+            out.num_drafted[draw.index] += 1
+        out.draft_tokens[draw.index, position] = tokens
+        out.draft_probs[draw.index, position] = q
+        out.draft_features[draw.index, position] = features
+        return features
+
+
+class _Alive:
+    """Which rows still draft: the per-request stop of the plan, compacted or masked.
+
+    Compact (CPU): a stopped row leaves `rows` (host read of a [rows] bool per pass). Masked
+    (CUDA): a device mask [batch]; rows keep running but draft nothing once stopped.
+    """
+
+    def __init__(
+        self, stops: list[bool], plan: DraftPlan | None, device: torch.device, compact: bool
+    ) -> None:
+        self.stops = stops
+        self.plan = plan
+        self.compact = compact
+        self.any = plan is not None and any(stops)
+        batch = len(stops)
+        self.stopped: set[int] = set()  # compact mode
+        self.survival = torch.ones(batch, dtype=torch.float32, device=device)
+        self.stops_t = torch.tensor(stops, dtype=torch.bool, device=device)
+        self.drafting = torch.ones(batch, dtype=torch.bool, device=device)  # masked mode
+
+    def may_draft(self, row: int) -> bool:
+        return row not in self.stopped
+
+    def mask(self, index: torch.Tensor) -> torch.Tensor | None:
+        """[rows] bool of rows that draft this position, or None when every row does."""
+        if self.compact or not self.any:
+            return None
+        return self.drafting[index]
+
+    def update(
+        self, rows: list[int], index: torch.Tensor, position: int, features: torch.Tensor
+    ) -> None:
+        """After drafting `position`: survival *= c_position; stop rows below tau."""
+        if not self.any:
+            return
+        plan = self.plan
+        assert plan is not None
+        confidence = stop_confidence(features, position, plan)
+        self.survival[index] = self.survival[index] * confidence
+        keep = keeps_drafting(self.survival[index], plan) | ~self.stops_t[index]
+        if self.compact:
+            self.stopped.update(r for r, k in zip(rows, keep.tolist(), strict=True) if not k)
+        else:
+            self.drafting[index] = self.drafting[index] & keep
 
 
 @dataclass

@@ -11,12 +11,15 @@ the Triton step ensemble).
   counted); at each step boundary queued requests fill the free batch slots, one per client in
   turn.
 - Error isolation: if `step_fn` raises, the step is replayed for each sequence alone (the cache
-  rule makes a replay safe; replays send an empty `prev_num_accepted`). A sequence that still
-  fails alone gets `on_error` and is released; the others continue. A callback that raises
-  fails only its own request (its stream is broken); the loop goes on.
+  rule makes a replay safe; replays carry nothing: no `prev_num_accepted`, plan or timing). A
+  sequence that still fails alone gets `on_error` and is released; the others continue. A
+  callback that raises fails only its own request (its stream is broken); the loop goes on.
 - Finished, cancelled and failed sequences go out in the next step's `release_seq_ids`; with no
   live sequence left, an empty-batch step carries them. Releases are never lost: a call that
   raised hands its releases to the next call (a release is idempotent on the stages).
+- Stale state (avspec.engine.sequence.Carry): what step t returned that step t + 1 needs, the
+  outcomes for the refit, the verifier's drafting plan and the measured stage times, goes out
+  with the next step and nowhere else, so no stage ever reads state of its own step.
 - Refit guard (avspec.engine.refit_guard, which states the per-client share bound): the
   `prev_num_accepted` sent with the next step marks, with `avspec.av.estimator.refit_excluded`,
   the rows whose outcome does not feed the refit (too hot, or over their client's share).
@@ -27,15 +30,15 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-import torch
 
 from avspec.contract import StepInputs, StepOutputs
 from avspec.engine.admission import AdmissionQueue, Overloaded
 from avspec.engine.refit_guard import RefitGuard, RefitRow
 from avspec.engine.sequence import (
+    Carry,
     GenerationRequest,
     Outcome,
     SequenceState,
@@ -122,7 +125,7 @@ class Scheduler:
         self._guard = RefitGuard(refit_max_temperature, refit_client_share)
         self._live: list[SequenceState] = []
         self._releases: list[int] = []
-        self._prev_accepted = torch.zeros(0, dtype=torch.int32)
+        self._carry = Carry()  # stale state for the next step (avspec.engine.sequence.Carry)
         self._stalled = False  # the last step was release-only and its call failed
         self._next_id = first_seq_id
         self._thread: threading.Thread | None = None
@@ -189,12 +192,12 @@ class Scheduler:
                 self._live.extend(self._queue.pop(self.max_batch_size - len(self._live)))
                 batch = list(self._live)
                 releases, self._releases = self._releases, []
-                prev = self._prev_accepted
+                prev = self._carry
             if not batch and not releases:
                 return 0
             outcomes, failures, prev, unsent = self._run(batch, releases, prev)
             with self._lock:
-                self._prev_accepted = prev
+                self._carry = prev
                 self._releases[:0] = unsent  # resent first, with the next step
                 self._stalled = not batch and bool(unsent)
                 self.counters.steps += 1
@@ -269,19 +272,22 @@ class Scheduler:
             return bool(self._queue or self._live or self._releases)
 
     def _run(
-        self, batch: list[SequenceState], releases: list[int], prev: torch.Tensor
-    ) -> tuple[dict[int, Outcome], dict[int, Exception], torch.Tensor, list[int]]:
+        self, batch: list[SequenceState], releases: list[int], prev: Carry
+    ) -> tuple[dict[int, Outcome], dict[int, Exception], Carry, list[int]]:
         """Call step_fn on the batch; on failure replay each sequence alone.
 
-        Returns (outcomes, failures, prev_num_accepted for the next step, releases whose every
-        carrying call raised).
+        Returns (outcomes, failures, the carry for the next step, releases whose every carrying
+        call raised).
         """
-        empty = torch.zeros(0, dtype=torch.int32)
+        empty = Carry()
         try:
+            started = time.perf_counter()
             outputs = self.step_fn(build_inputs(batch, releases, prev))
+            wall_ms = (time.perf_counter() - started) * 1e3
             releases = []  # the call returned: every stage has freed them
             outcomes = read_outputs(outputs, batch, self.max_draft_tokens)
-            return outcomes, {}, self._guard.prev_num_accepted(_refit_rows(batch, outcomes)), []
+            accepted = self._guard.prev_num_accepted(_refit_rows(batch, outcomes))
+            return outcomes, {}, Carry.after(outputs, accepted, wall_ms), []
         except Exception as exc:  # noqa: BLE001 - isolate the failing sequence below
             if not batch:
                 logger.warning("release-only step failed (%s); releases kept for the next", exc)

@@ -21,7 +21,7 @@ Per request:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,6 +43,7 @@ class GenerationRequest:
     random_seed: int = 0
     num_draft_tokens: int = 8
     adaptive: bool = True
+    adaptive_drafting: bool = True  # with `adaptive`: also draft by the plan (avspec.av.drafting)
     client: str = ""
 
 
@@ -65,6 +66,7 @@ class Outcome:
     tokens: list[int]  # num_accepted + 1 output tokens
     verified: int
     accepted: int
+    drafted: int | None = None  # drafts the draft stage produced; None: all it was asked for
 
 
 @dataclass(eq=False)
@@ -92,7 +94,7 @@ class SequenceState:
         All output tokens become `pending` (sent with the next step if the request goes on);
         only those before EOS and within `max_tokens` are emitted.
         """
-        drafted = self.drafts_wanted()
+        drafted = self.drafts_wanted() if outcome.drafted is None else outcome.drafted
         emitted: list[int] = []
         reason = None
         for token in outcome.tokens:
@@ -112,7 +114,32 @@ class SequenceState:
         )
 
 
-def build_inputs(batch: list[SequenceState], releases: list[int], prev: torch.Tensor) -> StepInputs:
+@dataclass
+class Carry:
+    """What one step hands to the next, all CPU tensors: the stale state of the contract.
+
+    accepted: prev_num_accepted [prev_batch] int32 (refit-excluded rows negative); draft_plan
+    [3 + K] float32 (the verifier's plan for the next draft); timing_ms [K + 2] float32 (draft
+    ms per pass, target ms, the step's wall ms). Empty tensors: nothing carried (first step,
+    after a failed step, on replays).
+    """
+
+    accepted: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int32))
+    draft_plan: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    timing_ms: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+
+    @classmethod
+    def after(cls, outputs: StepOutputs, accepted: torch.Tensor, wall_ms: float) -> Carry:
+        """The carry of a step that returned `outputs` in `wall_ms`."""
+        draft_ms = outputs.draft_ms.detach().cpu().float().reshape(-1)
+        target_ms = outputs.target_ms.detach().cpu().float().reshape(-1)
+        timing = torch.zeros(0)
+        if draft_ms.numel() and target_ms.numel() == 1:
+            timing = torch.cat([draft_ms, target_ms, torch.tensor([wall_ms])])
+        return cls(accepted, outputs.draft_plan.detach().cpu().float().reshape(-1), timing)
+
+
+def build_inputs(batch: list[SequenceState], releases: list[int], prev: Carry) -> StepInputs:
     """The contract's CPU tensors for `batch` (see docs/architecture.md)."""
     width = max((len(s.pending) for s in batch), default=1)
     input_ids = torch.zeros(len(batch), width, dtype=torch.int32)
@@ -130,11 +157,16 @@ def build_inputs(batch: list[SequenceState], releases: list[int], prev: torch.Te
         reusable=column([s.reusable for s in batch], torch.int32),
         num_draft_tokens=column([s.drafts_wanted() for s in batch], torch.int32),
         adaptive=column([s.request.adaptive for s in batch], torch.bool),
+        adaptive_drafting=column(
+            [s.request.adaptive and s.request.adaptive_drafting for s in batch], torch.bool
+        ),
         temperature=column([s.request.temperature for s in batch], torch.float32),
         top_p=column([s.request.top_p for s in batch], torch.float32),
         random_seed=column([s.request.random_seed for s in batch], torch.int64),
-        prev_num_accepted=prev,
+        prev_num_accepted=prev.accepted,
         release_seq_ids=column(releases, torch.int64),
+        draft_plan=prev.draft_plan,
+        prev_timing_ms=prev.timing_ms,
     )
 
 
@@ -152,12 +184,17 @@ def read_outputs(
     verified = outputs.num_verify.detach().cpu().tolist()
     if len(accepted) != n or len(verified) != n:
         raise ValueError(f"num_accepted / num_verify must hold {n} entries")
+    drafted = outputs.num_drafted.detach().cpu().tolist()  # empty: not reported
+    if drafted and len(drafted) != n:
+        raise ValueError(f"num_drafted must hold {n} entries or none")
     rows = output_ids.tolist()
     outcomes = {}
-    for seq, row, a, v in zip(batch, rows, accepted, verified, strict=True):
-        if not 0 <= a <= v <= seq.drafts_wanted():
+    for i, (seq, row, a, v) in enumerate(zip(batch, rows, accepted, verified, strict=True)):
+        d = drafted[i] if drafted else seq.drafts_wanted()
+        if not 0 <= a <= v <= d <= seq.drafts_wanted():
             raise ValueError(
-                f"sequence {seq.seq_id}: num_accepted {a}, num_verify {v} out of range"
+                f"sequence {seq.seq_id}: num_accepted {a}, num_verify {v}, num_drafted {d} "
+                "out of range"
             )
-        outcomes[seq.seq_id] = Outcome(row[: a + 1], v, a)
+        outcomes[seq.seq_id] = Outcome(row[: a + 1], v, a, d if drafted else None)
     return outcomes

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from avspec.av.cost_table import CostTable
 from avspec.av.estimator import AcceptanceEstimator
+from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
 from avspec.contract import StepInputs, StepOutputs, base_tokens
@@ -42,6 +42,9 @@ class SpeculativeStep:
         """Run one step for the whole batch; returns the target's outputs."""
         drafted = self.draft(inputs)
         device = drafted.draft_features.device
+        drafting = inputs.adaptive_drafting
+        if drafting.numel() == 0:
+            drafting = torch.zeros_like(inputs.adaptive)
         # seq ids stay on the host: the verifier matches rows by id there anyway.
         decision = self.verifier.step(
             seq_ids=inputs.seq_ids,
@@ -51,8 +54,17 @@ class SpeculativeStep:
             prev_num_accepted=inputs.prev_num_accepted.to(device),
             release_seq_ids=inputs.release_seq_ids,
             base_tokens=base_tokens(inputs.input_lengths, inputs.reusable),
+            num_drafted=drafted.num_drafted,
+            adaptive_drafting=drafting.to(device),
+            prev_timing_ms=inputs.prev_timing_ms,
         )
-        return self.target(inputs, drafted.draft_tokens, drafted.draft_probs, decision.num_verify)
+        outputs = self.target(
+            inputs, drafted.draft_tokens, drafted.draft_probs, decision.num_verify
+        )
+        outputs.draft_plan = decision.draft_plan
+        outputs.draft_ms = drafted.pass_ms
+        outputs.num_drafted = drafted.num_drafted
+        return outputs
 
     @classmethod
     def from_model_dirs(
@@ -63,16 +75,14 @@ class SpeculativeStep:
         max_sequences: int,
         max_length: int,
         device: torch.device | str = "cpu",
-        draft_cost: CostTable | None = None,
-        verify_cost: CostTable | None = None,
+        cost: StepCost | None = None,
     ) -> SpeculativeStep:
-        """Load both models and build a step (default cost tables: linear, target 10x draft)."""
+        """Load both models and build a step (default cost: linear, target 10x draft)."""
         target_model, _ = load_model_dir(target_dir, device)
         draft_model, _ = load_model_dir(draft_dir, device)
         return cls.from_models(
-            target_model, draft_model, max_draft_tokens, max_sequences, max_length, device,
-            draft_cost, verify_cost,
-        )  # fmt: skip
+            target_model, draft_model, max_draft_tokens, max_sequences, max_length, device, cost
+        )
 
     @classmethod
     def from_models(
@@ -83,15 +93,12 @@ class SpeculativeStep:
         max_sequences: int,
         max_length: int,
         device: torch.device | str = "cpu",
-        draft_cost: CostTable | None = None,
-        verify_cost: CostTable | None = None,
+        cost: StepCost | None = None,
     ) -> SpeculativeStep:
         """Build caches, stages and a fresh estimator around two loaded models."""
         tokens = max_sequences * (max_length if max_length > 0 else 1)
-        if draft_cost is None:
-            draft_cost = CostTable.linear(1.0, 0.01, max_sequences)
-        if verify_cost is None:
-            verify_cost = CostTable.linear(10.0, 0.1, tokens)
+        if cost is None:
+            cost = StepCost.linear(1.0, 0.01, 10.0, 0.1, max_sequences, tokens)
         estimator = AcceptanceEstimator(EstimatorConfig(num_positions=max_draft_tokens), device)
         return cls(
             DraftStage(
@@ -99,7 +106,7 @@ class SpeculativeStep:
                 draft_model.new_cache(max_sequences, max_length, device),
                 max_draft_tokens,
             ),
-            AdaptiveVerifier(estimator, draft_cost, verify_cost),
+            AdaptiveVerifier(estimator, cost),
             TargetStage(
                 target_model,
                 target_model.new_cache(max_sequences, max_length, device),

@@ -7,12 +7,14 @@ position num_verify gives the bonus token. Both are warped like the draft's
 (avspec.engine.sampling) and handed to avspec.engine.rejection. Afterwards the target cache is
 rolled back to `start + input_length + num_accepted`: the accepted drafts stay cached (their keys
 are exact), rejected drafts go, and the correction/bonus token is not cached (the next step brings
-it back as an input).
+it back as an input). `target_ms` is the stage's host wall time (the cost refresh reads it; the
+roll-back reads num_accepted, so on CUDA it includes the device work).
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,6 +57,7 @@ class TargetStage(ModelStage):
         Host reads, once per step and by design: num_verify (to pack the ragged batch) and
         num_accepted (to roll the cache back); the verifier itself never syncs.
         """
+        started = time.perf_counter()
         k, vocab = self.max_draft_tokens, self.model.config.vocab_size
         step = read_step_inputs(inputs, k)
         verify = check_verify_inputs(step, k, vocab, draft_tokens, draft_probs, num_verify)
@@ -71,8 +74,9 @@ class TargetStage(ModelStage):
         output_ids, num_accepted = self._reject(
             step, draft_tokens, draft_probs, target_probs, num_verify
         )
-        self._roll_back(step, num_accepted)
-        return StepOutputs(output_ids, num_accepted, num_verify)
+        self._roll_back(step, num_accepted)  # reads num_accepted: the step's work is done
+        target_ms = torch.tensor([(time.perf_counter() - started) * 1e3], dtype=torch.float32)
+        return StepOutputs(output_ids, num_accepted, num_verify, target_ms=target_ms)
 
     def _target_probs(
         self, inputs: StepInputs, step: HostStep, packed: VerifyBatch

@@ -11,7 +11,6 @@ tests without a server.
 
 from __future__ import annotations
 
-import json
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -21,9 +20,11 @@ from typing import ClassVar
 
 import torch
 
-from avspec.av.cost_table import CostTable
+from avspec.av.cost_file import default_step_cost, load_step_cost
+from avspec.av.cost_refresh import CostRefresh
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
 from avspec.av.snapshot import SnapshotError, load_snapshot, move_aside, save_snapshot
+from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier, VerifyDecision
 from avspec.config import EstimatorConfig
 from avspec.contract import base_tokens
@@ -43,16 +44,16 @@ logger = logging.getLogger(__name__)
 # A request's tensors by name, as in the model's config.pbtxt.
 Tensors = Mapping[str, torch.Tensor]
 
-# Linear fallbacks when no measured cost tables exist: target 10x the draft.
+# Linear fallback sizes when no measured cost tables exist.
 FALLBACK_MAX_SEQUENCES = 128
 FALLBACK_MAX_TOKENS = 128 * 512
 
 
-def load_cost_tables(path: Path | None) -> tuple[CostTable, CostTable]:
-    """Return (draft_cost, verify_cost) from the profiler's JSON, or linear defaults.
+def load_cost_tables(path: Path | None) -> StepCost:
+    """The StepCost of the profiler's JSON (avspec.av.cost_file), or linear defaults.
 
-    A missing path or file falls back to `CostTable.linear` defaults with a logged warning; a
-    file that exists but is malformed raises ValueError (a broken measurement must not pass).
+    A missing path or file falls back to `default_step_cost` with a logged warning; a file that
+    exists but is malformed raises ValueError (a broken measurement must not pass).
     """
     if path is None or not path.is_file():
         logger.warning(
@@ -60,18 +61,8 @@ def load_cost_tables(path: Path | None) -> tuple[CostTable, CostTable]:
             "client/profile_costs.py, on a deployment with client/profile_serving_costs.py)",
             path,
         )
-        return (
-            CostTable.linear(1.0, 0.01, FALLBACK_MAX_SEQUENCES, name="draft_cost"),
-            CostTable.linear(10.0, 0.1, FALLBACK_MAX_TOKENS, name="verify_cost"),
-        )
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-        return (
-            CostTable.from_dict({"name": "draft_cost", **document["draft_cost"]}),
-            CostTable.from_dict({"name": "verify_cost", **document["verify_cost"]}),
-        )
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"cost tables {path}: unreadable ({err!r})") from None
+        return default_step_cost(FALLBACK_MAX_SEQUENCES, FALLBACK_MAX_TOKENS)
+    return load_step_cost(path)
 
 
 def load_estimator(
@@ -132,7 +123,8 @@ class StageAdapter(ABC):
 
 
 class DraftAdapter(StageAdapter):
-    """Step inputs in; drafts [batch, K] int32, q [batch, K, vocab] and features [batch, K] out."""
+    """Step inputs in; drafts [batch, K] int32, q [batch, K, vocab], features [batch, K],
+    num_drafted [batch] and the passes' ms [K] out."""
 
     stage_class = DraftStage
 
@@ -142,11 +134,13 @@ class DraftAdapter(StageAdapter):
             "draft_tokens": out.draft_tokens,
             "draft_probs": out.draft_probs,
             "draft_features": out.draft_features,
+            "num_drafted": out.num_drafted,
+            "draft_ms": out.pass_ms,
         }
 
 
 class TargetAdapter(StageAdapter):
-    """Step inputs, drafts and num_verify in; output_ids [batch, K + 1], num_accepted out."""
+    """Step inputs, drafts and num_verify in; output_ids [batch, K + 1], num_accepted, ms out."""
 
     stage_class = TargetStage
 
@@ -157,7 +151,11 @@ class TargetAdapter(StageAdapter):
             tensors["draft_probs"],
             tensors["num_verify"],
         )
-        return {"output_ids": out.output_ids, "num_accepted": out.num_accepted}
+        return {
+            "output_ids": out.output_ids,
+            "num_accepted": out.num_accepted,
+            "target_ms": out.target_ms,
+        }
 
 
 STAGE_ADAPTERS: dict[str, type[StageAdapter]] = {"draft": DraftAdapter, "target": TargetAdapter}
@@ -181,6 +179,10 @@ class VerifierStepStats:
     trimmed: int
     budget_fraction: float | None  # None when no draft was a candidate
     refitted: bool
+    stopped_early: int = 0  # drafts the plan did not draft (caps - num_drafted)
+    draft_passes: int = 0  # draft positions of the deepest row
+    draft_ms_saved: float = 0.0  # cost-table ms of the passes not run
+    drafts_per_request: tuple[int, ...] = ()  # num_drafted of each row
 
 
 class VerifierAdapter:
@@ -190,9 +192,14 @@ class VerifierAdapter:
         self.config = config
         self.snapshot = resolve_path(root, params.snapshot_path) if params.snapshot_path else None
         costs = resolve_path(root, params.cost_tables) if params.cost_tables else None
-        draft_cost, verify_cost = load_cost_tables(costs)
+        cost = load_cost_tables(costs)
+        self.refresh = CostRefresh(
+            cost, params.cost_refresh, params.cost_refresh_window, params.cost_refresh_every
+        )
         self.estimator = load_estimator(config, self.snapshot, params.device)
-        self.verifier = AdaptiveVerifier(self.estimator, draft_cost, verify_cost)
+        self.verifier = AdaptiveVerifier(
+            self.estimator, cost, refresh=self.refresh, drafting=params.adaptive_drafting
+        )
         self.device = self.estimator.device
 
     def __call__(self, tensors: Tensors) -> tuple[dict[str, torch.Tensor], VerifierStepStats]:
@@ -208,6 +215,7 @@ class VerifierAdapter:
             return tensors[name].to(device=self.device, dtype=dtype)
 
         prev_num_accepted = on_device("prev_num_accepted", torch.int32)
+        num_drafted = on_device("num_drafted", torch.int32)
         refits = self.estimator.num_refits
         decision = self.verifier.step(
             seq_ids=tensors["seq_ids"].cpu().long(),
@@ -217,13 +225,20 @@ class VerifierAdapter:
             prev_num_accepted=prev_num_accepted,
             release_seq_ids=tensors["release_seq_ids"].cpu().long(),
             base_tokens=base_tokens(tensors["input_lengths"].cpu(), tensors["reusable"].cpu()),
+            num_drafted=num_drafted,
+            adaptive_drafting=on_device("adaptive_drafting", torch.bool),
+            prev_timing_ms=tensors["prev_timing_ms"].cpu().float(),
         )
         refitted = self.estimator.num_refits != refits
         if refitted:
             self.save_snapshot()
         batch_size = int(tensors["seq_ids"].shape[0])
-        stats = step_stats(decision, prev_num_accepted, batch_size, refitted)
-        return {"num_verify": decision.num_verify.to(torch.int32)}, stats
+        stats = step_stats(decision, prev_num_accepted, batch_size, refitted, num_drafted)
+        outputs = {
+            "num_verify": decision.num_verify.to(torch.int32),
+            "draft_plan": decision.draft_plan.float(),
+        }
+        return outputs, stats
 
     def coefficients(self) -> tuple[float, list[float]]:
         """Current (slope, intercepts), host copies for the gauges."""
@@ -241,16 +256,27 @@ class VerifierAdapter:
 
 
 def step_stats(
-    decision: VerifyDecision, prev_num_accepted: torch.Tensor, batch_size: int, refitted: bool
+    decision: VerifyDecision,
+    prev_num_accepted: torch.Tensor,
+    batch_size: int,
+    refitted: bool,
+    num_drafted: torch.Tensor | None = None,
 ) -> VerifierStepStats:
-    """The step's metrics, its four device scalars read to the host with one copy.
+    """The step's metrics, its device scalars (and num_drafted [batch]) read with one copy.
 
     prev_num_accepted: [prev_batch] int32, on the estimator's device. One read per step, not
-    four: on a GPU each read is a host sync.
+    one per value: on a GPU each read is a host sync.
     """
     accepted = accepted_counts(prev_num_accepted)[0].long().sum()
-    scalars = torch.stack([decision.drafted, decision.verified, decision.budget, accepted])
-    drafted, verified, budget, accepted = scalars.tolist()
+    scalars = torch.stack(
+        [
+            decision.drafted, decision.verified, decision.budget, accepted,
+            decision.stopped_early, decision.draft_passes, decision.draft_ms_saved,
+        ]
+    ).double()  # fmt: skip
+    per_row = num_drafted.double() if num_drafted is not None else scalars.new_zeros(0)
+    values = torch.cat([scalars, per_row.to(scalars.device)]).tolist()
+    drafted, verified, budget, accepted, stopped, passes = (int(v) for v in values[:6])
     return VerifierStepStats(
         batch_size=batch_size,
         drafted=drafted,
@@ -259,4 +285,8 @@ def step_stats(
         trimmed=drafted - verified,
         budget_fraction=budget / drafted if drafted else None,
         refitted=refitted,
+        stopped_early=stopped,
+        draft_passes=passes,
+        draft_ms_saved=values[6],
+        drafts_per_request=tuple(int(v) for v in values[7:]),
     )

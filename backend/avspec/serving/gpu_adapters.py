@@ -10,6 +10,7 @@ their device: the scheduler's bookkeeping vectors on the CPU, drafts and q on th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ class TrtllmTargetAdapter:
     def __init__(self, params: TrtllmTargetParams) -> None:
         self.params = params
         self.ledger = ContextLedger(params.max_sequences, params.max_length)
+        self._started = time.perf_counter()
 
     @property
     def live_sequences(self) -> int:
@@ -56,6 +58,7 @@ class TrtllmTargetAdapter:
 
     def prepare(self, tensors: Mapping[str, torch.Tensor]) -> list[TargetRequest]:
         """Release, record the new committed tokens, and build the requests in batch order."""
+        self._started = time.perf_counter()
         k = self.params.max_draft_tokens
         draft_tokens = tensors["draft_tokens"]
         if draft_tokens.dim() != 2 or draft_tokens.shape[1] != k:
@@ -94,4 +97,6 @@ class TrtllmTargetAdapter:
             for request, (output_ids, lengths) in zip(requests, answers, strict=True)
         ]
         output_ids, num_accepted = gather_outputs(results, self.params.max_draft_tokens)
-        return {"output_ids": output_ids, "num_accepted": num_accepted}
+        # Host wall time from prepare to the last answer (the cost refresh reads it).
+        target_ms = torch.tensor([(time.perf_counter() - self._started) * 1e3])
+        return {"output_ids": output_ids, "num_accepted": num_accepted, "target_ms": target_ms}

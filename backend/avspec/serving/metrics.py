@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 STEP_BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+DRAFT_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,39 @@ CALIBRATION_ECE = MetricSpec(
     GAUGE,
     "Expected calibration error (10 equal-width bins) over the last refit window",
 )
+DRAFT_PASSES = MetricSpec(
+    "av_draft_passes",
+    HISTOGRAM,
+    "Draft positions drafted by the deepest row per step (draft passes run)",
+    buckets=DRAFT_BUCKETS,
+)
+DRAFTS_PER_REQUEST = MetricSpec(
+    "av_drafts_per_request",
+    HISTOGRAM,
+    "Drafts each request drafted per step (num_drafted; at most its num_draft_tokens)",
+    buckets=DRAFT_BUCKETS,
+)
+DRAFTS_STOPPED_EARLY = MetricSpec(
+    "av_drafts_stopped_early_total",
+    COUNTER,
+    "Draft tokens not drafted because the plan stopped a request below its num_draft_tokens",
+)
+DRAFT_MS_SAVED = MetricSpec(
+    "av_draft_ms_saved_total",
+    COUNTER,
+    "Draft milliseconds saved against drafting every request to its cap (cost-table estimate)",
+)
+COST_REFRESHES = MetricSpec(
+    "av_cost_refreshes_total", COUNTER, "Online refreshes of the cost tables from stage times"
+)
+STEP_MS_PREDICTED = MetricSpec(
+    "av_step_ms_predicted",
+    GAUGE,
+    "Median step ms the cost tables in force predict over the refresh window",
+)
+STEP_MS_OBSERVED = MetricSpec(
+    "av_step_ms_observed", GAUGE, "Median step ms the scheduler measured over the refresh window"
+)
 VERIFIER_METRICS = (
     ESTIMATOR_SLOPE,
     ESTIMATOR_INTERCEPT,
@@ -91,6 +125,13 @@ VERIFIER_METRICS = (
     CALIBRATION_MEAN_PREDICTED,
     CALIBRATION_OBSERVED_RATE,
     CALIBRATION_ECE,
+    DRAFT_PASSES,
+    DRAFTS_PER_REQUEST,
+    DRAFTS_STOPPED_EARLY,
+    DRAFT_MS_SAVED,
+    COST_REFRESHES,
+    STEP_MS_PREDICTED,
+    STEP_MS_OBSERVED,
 )
 
 # Exported by the entry model (its scheduler holds the live sequences).

@@ -46,6 +46,9 @@ STEP_INPUT_DTYPES: dict[str, type] = {
     "random_seed": np.int64,
     "prev_num_accepted": np.int32,
     "release_seq_ids": np.int64,
+    "adaptive_drafting": np.bool_,
+    "draft_plan": np.float32,
+    "prev_timing_ms": np.float32,
 }
 # torch dtype of each numpy dtype above.
 TORCH_DTYPES: dict[type, torch.dtype] = {
@@ -58,6 +61,10 @@ STEP_OUTPUT_DTYPES: dict[str, type] = {
     "output_ids": np.int32,
     "num_accepted": np.int32,
     "num_verify": np.int32,
+    "draft_plan": np.float32,
+    "draft_ms": np.float32,
+    "target_ms": np.float32,
+    "num_drafted": np.int32,
 }
 
 
@@ -88,6 +95,10 @@ class VerifierParams:
     cost_tables: str = ""  # JSON of the profiler; empty or missing: linear fallback, warned
     snapshot_path: str = ""  # warm start file; empty: no warm start
     device: str = "cpu"
+    adaptive_drafting: bool = True  # hand the draft a plan (off: every row drafts its cap)
+    cost_refresh: bool = True  # refresh the cost tables online from measured stage times
+    cost_refresh_window: int = 64  # steps of measurements the refresh keeps
+    cost_refresh_every: int = 16  # steps between refreshes
 
 
 @dataclass(frozen=True)
@@ -98,6 +109,7 @@ class EntryParams:
     max_context: int = 448  # prompt + generated tokens per sequence
     max_draft_tokens: int = 8  # K, the largest num_draft_tokens a request may ask for
     adaptive_verification: bool = True  # default when a request does not say
+    adaptive_drafting: bool = True  # default when a request does not say (needs AV on)
     step_model: str = "speculative_step"  # the ensemble called once per decode step
     max_queued: int | None = 256  # waiting requests beyond free batch slots (None: unbounded)
     max_queued_per_client: int | None = 64  # the same for one client
@@ -180,11 +192,20 @@ def step_inputs_to_numpy(inputs: StepInputs) -> dict[str, np.ndarray]:
 
 
 def step_outputs_from_numpy(arrays: Mapping[str, np.ndarray]) -> StepOutputs:
-    """Build StepOutputs from the ensemble's numpy outputs."""
+    """Build StepOutputs from the ensemble's numpy outputs.
+
+    output_ids, num_accepted and num_verify are required (KeyError); the stale state and timing
+    outputs (draft_plan, draft_ms, target_ms, num_drafted) default to empty when absent.
+    """
+    required = ("output_ids", "num_accepted", "num_verify")
+    missing = [name for name in required if name not in arrays]
+    if missing:
+        raise KeyError(f"step outputs lack {', '.join(missing)}")
     return StepOutputs(
         **{
             name: torch.from_numpy(np.ascontiguousarray(arrays[name], dtype=dtype))
             for name, dtype in STEP_OUTPUT_DTYPES.items()
+            if name in arrays
         }
     )
 

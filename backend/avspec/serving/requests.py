@@ -2,7 +2,8 @@
 
 `parse_generation_inputs` turns one request's input tensors (numpy, ecosystem names:
 text_input, max_tokens, temperature, top_p, random_seed, stream, num_draft_tokens,
-adaptive_verification) into a `GenerationRequest`, raising `RequestError` that names the input.
+adaptive_verification, adaptive_drafting) into a `GenerationRequest`, raising `RequestError`
+that names the input.
 Integer inputs are range-checked as received, before any int32 cast, so a wide value is refused
 rather than wrapped. `parse_client` reads the client identity from the request parameters.
 `ResponseStream` turns the scheduler's per-step reports into what one client receives: a chunk
@@ -121,6 +122,7 @@ def parse_generation_inputs(
         raise RequestError(f"num_draft_tokens must lie in 0..{k}, got {num_draft}")
     seed = _integer(values, "random_seed")
     adaptive = _scalar(values, "adaptive_verification")
+    drafting = _scalar(values, "adaptive_drafting")
     stream = _scalar(values, "stream")
     request = GenerationRequest(
         prompt_ids=tokenizer.encode(text),
@@ -130,6 +132,7 @@ def parse_generation_inputs(
         random_seed=0 if seed is None else seed % _SEED_RANGE,
         num_draft_tokens=num_draft,
         adaptive=params.adaptive_verification if adaptive is None else bool(adaptive),
+        adaptive_drafting=params.adaptive_drafting if drafting is None else bool(drafting),
         client=client,
     )
     return request, bool(stream) if stream is not None else False

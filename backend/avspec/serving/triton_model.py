@@ -216,9 +216,12 @@ class VerifierModel(AdapterModel):
             self.families[metrics.ESTIMATOR_INTERCEPT.name].Metric(labels={"position": str(k)})
             for k in range(estimator_config.num_positions)
         ]
-        self.batch_sizes = self.families[metrics.STEP_BATCH_SIZE.name].Metric(
-            labels={}, buckets=list(metrics.STEP_BATCH_BUCKETS)
-        )
+        self.histograms = {
+            spec.name: self.families[spec.name].Metric(labels={}, buckets=list(spec.buckets))
+            for spec in metrics.VERIFIER_METRICS
+            if spec.kind == metrics.HISTOGRAM
+        }
+        self.refreshes = 0
         self.publish_estimator()
 
     def execute(self, requests: Sequence[Any]) -> list[Any]:
@@ -240,17 +243,38 @@ class VerifierModel(AdapterModel):
             metrics.VERIFIED_TOKENS.name: stats.verified,
             metrics.ACCEPTED_TOKENS.name: stats.accepted,
             metrics.TRIMMED_TOKENS.name: stats.trimmed,
+            metrics.DRAFTS_STOPPED_EARLY.name: stats.stopped_early,
+            metrics.DRAFT_MS_SAVED.name: stats.draft_ms_saved,
         }
         for name, value in counters.items():
             if value:
                 self.metrics[name].increment(value)
         if stats.batch_size:
-            self.batch_sizes.observe(stats.batch_size)
+            self.histograms[metrics.STEP_BATCH_SIZE.name].observe(stats.batch_size)
+            self.histograms[metrics.DRAFT_PASSES.name].observe(stats.draft_passes)
+            for drafts in stats.drafts_per_request:
+                self.histograms[metrics.DRAFTS_PER_REQUEST.name].observe(drafts)
+        self.publish_costs()
         if stats.budget_fraction is not None:
             self.metrics[metrics.BUDGET_FRACTION.name].set(stats.budget_fraction)
         if stats.refitted:
             self.metrics[metrics.ESTIMATOR_REFITS.name].increment(1)
             self.publish_estimator()
+
+    def publish_costs(self) -> None:
+        """After a cost refresh: its count and the predicted / observed step ms."""
+        refresh = self.adapter.refresh
+        if refresh.updates == self.refreshes:
+            return
+        self.metrics[metrics.COST_REFRESHES.name].increment(refresh.updates - self.refreshes)
+        self.refreshes = refresh.updates
+        report = refresh.report()
+        for spec, key in (
+            (metrics.STEP_MS_PREDICTED, "predicted_step_ms"),
+            (metrics.STEP_MS_OBSERVED, "observed_step_ms"),
+        ):
+            if report[key] is not None:
+                self.metrics[spec.name].set(report[key])
 
     def publish_estimator(self) -> None:
         """Push the estimator's coefficients and window calibration (NaN ones are skipped)."""

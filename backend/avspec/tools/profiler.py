@@ -2,13 +2,17 @@
 
 - Verify cost: the target stage on `batch` decoding sequences, each with one pending token and
   n verified drafts (n = 0..K); size = total target tokens batch * (1 + n).
-- Draft cost: the draft stage drafting K tokens (one pending pass + K - 1 decode passes) for a
-  ladder of batch sizes; size = batch size.
+- Draft pass cost: one draft forward (plus its sampling) as a function of the rows in it. The
+  draft stage is timed on `rows` decoding sequences drafting 1 token (one pass) and drafting
+  `passes` tokens (that many passes), interleaved repeat by repeat; a pass costs
+  (t_passes - t_1) / (passes - 1) and the stage's own per-call cost is t_1 - pass (reported, not
+  in the table: a step pays it once, whatever it drafts).
 
 Every sequence first gets `context_length` prompt tokens; each timed call then starts from the
 same cached context (the cache rule rolls back whatever the previous call appended), so repeats
-are identical. The median of `repeats` timed calls after `warmup` untimed ones is reported;
-CUDA is synchronised around each call.
+are identical. Each point keeps all `repeats` timed samples after `warmup` untimed calls; its
+cost is their median and its weight in the isotonic fit (CostTable) the number of samples. CUDA
+is synchronised around each call.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import torch
@@ -33,16 +37,38 @@ OnPoint = Callable[[int, float], None]
 
 @dataclass
 class CostPoints:
-    """Measured (size, median ms) points, ready for CostTable."""
+    """Measured points: per size the median ms, the samples behind it, and the raw samples."""
 
     sizes: list[int]
-    millis: list[float]
+    millis: list[float]  # medians
+    repeats: list[int] | None = None  # samples behind each median (None: one each)
+    samples: list[list[float]] | None = None  # the raw samples of each size
+    extra: dict = field(default_factory=dict)  # per-shape details, plain data
 
     def table(self, name: str) -> CostTable:
-        return CostTable(self.sizes, self.millis, name=name)
+        """The isotonic fit of the medians, each weighted by its number of samples."""
+        return CostTable(self.sizes, self.millis, name=name, weights=self.repeats)
 
     def to_dict(self) -> dict[str, list]:
-        return {"sizes": list(self.sizes), "millis": list(self.millis)}
+        """sizes and medians; with repeats and raw samples when measured (for `measured`)."""
+        out: dict = {"sizes": list(self.sizes), "millis": list(self.millis)}
+        if self.repeats is not None:
+            out["repeats"] = list(self.repeats)
+        if self.samples is not None:
+            out["samples"] = [list(s) for s in self.samples]
+        return out | self.extra
+
+    @classmethod
+    def from_samples(cls, samples: dict[int, list[float]], extra: dict | None = None) -> CostPoints:
+        """Points from {size: raw samples}: median and count of each size, sizes sorted."""
+        sizes = sorted(samples)
+        return cls(
+            sizes,
+            [statistics.median(samples[s]) for s in sizes],
+            [len(samples[s]) for s in sizes],
+            [list(samples[s]) for s in sizes],
+            dict(extra or {}),
+        )
 
 
 def profile_verify_cost(
@@ -54,9 +80,10 @@ def profile_verify_cost(
     warmup: int = 3,
     on_point: OnPoint | None = None,
 ) -> CostPoints:
-    """Median target-stage ms at sizes batch * (1 + n) for each batch and n = 0..K.
+    """Target-stage ms at sizes batch * (1 + n) for each batch and n = 0..K.
 
-    A size reached by several (batch, n) pairs keeps the median of their medians.
+    A size reached by several (batch, n) pairs pools their samples (median of all, weight = all
+    of them); extra["shapes"] lists each pair's median. on_point(size, median ms) per pair.
     """
     _check_ladder(batch_sizes, context_length, repeats, warmup)
     stage = TargetStage(model, _cache(model, max(batch_sizes), context_length, max_draft_tokens),
@@ -64,47 +91,71 @@ def profile_verify_cost(
     device, vocab = stage.device, model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     measured: dict[int, list[float]] = {}
-    for batch in batch_sizes:
+    shapes = []
+    for batch in sorted(set(batch_sizes)):
         _prefill(stage, batch, context_length, max_draft_tokens, gen)
         inputs = _decode_inputs(batch, context_length, max_draft_tokens, gen)
         drafts = torch.randint(0, vocab, (batch, max_draft_tokens), generator=gen).to(device)
         probs = torch.full((batch, max_draft_tokens, vocab), 1.0 / vocab, device=device)
         for n in range(max_draft_tokens + 1):
             verify = torch.full((batch,), n, dtype=torch.int32, device=device)
-            ms = median_ms(partial(stage, inputs, drafts, probs, verify), repeats, warmup, device)
+            call = partial(stage, inputs, drafts, probs, verify)
+            times = sample_ms(call, repeats, warmup, device)
             size = batch * (1 + n)
-            measured.setdefault(size, []).append(ms)
+            measured.setdefault(size, []).extend(times)
+            shapes.append({"batch": batch, "drafts": n, "size": size,
+                           "median_ms": statistics.median(times)})  # fmt: skip
             if on_point is not None:
-                on_point(size, ms)
+                on_point(size, statistics.median(times))
         stage.slots.release(list(range(1, batch + 1)))
-    sizes = sorted(measured)
-    return CostPoints(sizes, [statistics.median(measured[s]) for s in sizes])
+    return CostPoints.from_samples(measured, {"shapes": shapes})
 
 
-def profile_draft_cost(
+def profile_draft_pass(
     model: Transformer,
-    max_draft_tokens: int,
-    batch_sizes: Sequence[int],
+    rows: Sequence[int],
+    passes: int = 8,
     context_length: int = 64,
     repeats: int = 10,
     warmup: int = 3,
     on_point: OnPoint | None = None,
 ) -> CostPoints:
-    """Median draft-stage ms (K drafts per sequence) at each batch size."""
-    _check_ladder(batch_sizes, context_length, repeats, warmup)
-    stage = DraftStage(model, _cache(model, max(batch_sizes), context_length, max_draft_tokens),
-                       max_draft_tokens, check_values=False)  # fmt: skip
+    """ms of one draft pass by the rows in it; see the module doc.
+
+    Per rows count, `repeats` pairs (one-pass call, `passes`-pass call) give `repeats` samples
+    (t_passes - t_1) / (passes - 1). extra: "one_pass_ms" and "all_passes_ms" (the medians of
+    the two calls, by rows), "stage_fixed_ms" (median t_1 - pass), "passes". on_point(rows,
+    median pass ms) per rows count.
+    """
+    _check_ladder(rows, context_length, repeats, warmup)
+    if passes < 2:
+        raise ValueError(f"passes must be >= 2 (a pass is timed as a difference), got {passes}")
+    stage = DraftStage(model, _cache(model, max(rows), context_length, passes), passes,
+                       check_values=False)  # fmt: skip
     gen = torch.Generator().manual_seed(0)
-    millis = []
-    for batch in sorted(set(batch_sizes)):
-        _prefill(stage, batch, context_length, max_draft_tokens, gen)
-        inputs = _decode_inputs(batch, context_length, max_draft_tokens, gen)
-        ms = median_ms(partial(stage, inputs), repeats, warmup, stage.device)
-        millis.append(ms)
+    measured: dict[int, list[float]] = {}
+    one_pass, all_passes, fixed = [], [], []
+    for batch in sorted(set(rows)):
+        _prefill(stage, batch, context_length, passes, gen)
+        inputs = _decode_inputs(batch, context_length, passes, gen)
+        short = replace(inputs, num_draft_tokens=torch.ones_like(inputs.num_draft_tokens))
+        t_one, t_all = sample_pair_ms(
+            partial(stage, short), partial(stage, inputs), repeats, warmup, stage.device
+        )
+        measured[batch] = [(b - a) / (passes - 1) for a, b in zip(t_one, t_all, strict=True)]
+        pass_ms = statistics.median(measured[batch])
+        one_pass.append(statistics.median(t_one))
+        all_passes.append(statistics.median(t_all))
+        fixed.append(one_pass[-1] - pass_ms)
         if on_point is not None:
-            on_point(batch, ms)
+            on_point(batch, pass_ms)
         stage.slots.release(list(range(1, batch + 1)))
-    return CostPoints(sorted(set(batch_sizes)), millis)
+    extra = {"passes": passes, "one_pass_ms": one_pass, "all_passes_ms": all_passes,
+             "stage_fixed_ms": fixed}  # fmt: skip
+    points = CostPoints.from_samples(measured, extra)
+    # A difference of two noisy times can dip below 0 for a tiny model: a pass is never free.
+    points.millis = [max(m, 0.0) for m in points.millis]
+    return points
 
 
 def _check_ladder(batch_sizes: Sequence[int], context_length: int, repeats: int, warmup: int):
@@ -160,20 +211,43 @@ def _decode_inputs(batch: int, context: int, k: int, gen: torch.Generator) -> St
     return _inputs(torch.randint(0, 256, (batch, 1), generator=gen), context, k)
 
 
+def sample_ms(
+    call: Callable[[], object], repeats: int, warmup: int, device: torch.device | str
+) -> list[float]:
+    """Wall milliseconds of `repeats` calls of `call` after `warmup` untimed calls."""
+    for _ in range(warmup):
+        call()
+    return [_time_ms(call, device) for _ in range(repeats)]
+
+
+def sample_pair_ms(
+    first: Callable[[], object],
+    second: Callable[[], object],
+    repeats: int,
+    warmup: int,
+    device: torch.device | str,
+) -> tuple[list[float], list[float]]:
+    """Samples of two calls interleaved (first, second, first, ...): drifts hit both alike."""
+    for _ in range(warmup):
+        first()
+        second()
+    pairs = [(_time_ms(first, device), _time_ms(second, device)) for _ in range(repeats)]
+    return [a for a, _ in pairs], [b for _, b in pairs]
+
+
 def median_ms(
     call: Callable[[], object], repeats: int, warmup: int, device: torch.device | str
 ) -> float:
     """Median wall milliseconds of `call` after `warmup` untimed calls (CUDA synchronised)."""
-    for _ in range(warmup):
-        call()
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        begin = time.perf_counter()
-        call()
-        synchronize(device)
-        times.append((time.perf_counter() - begin) * 1000.0)
-    return statistics.median(times)
+    return statistics.median(sample_ms(call, repeats, warmup, device))
+
+
+def _time_ms(call: Callable[[], object], device: torch.device | str) -> float:
+    synchronize(device)
+    begin = time.perf_counter()
+    call()
+    synchronize(device)
+    return (time.perf_counter() - begin) * 1000.0
 
 
 def synchronize(device: torch.device | str) -> None:

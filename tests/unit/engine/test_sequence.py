@@ -10,6 +10,7 @@ import torch
 
 from avspec.contract import StepOutputs
 from avspec.engine.sequence import (
+    Carry,
     GenerationRequest,
     Outcome,
     SequenceState,
@@ -90,7 +91,8 @@ def test_build_inputs_pads_and_fills_every_column() -> None:
     b = state(2, prompt_len=1, num_draft_tokens=0, adaptive=False)
     a.commit(Outcome([10, 11], verified=2, accepted=1), EOS)
     prev = torch.tensor([1, -2], dtype=torch.int32)
-    inputs = build_inputs([a, b], [9, 4], prev)
+    plan, timing = torch.tensor([0.5, 2.0, 0.6, 0.1]), torch.tensor([3.0, 1.0, 9.0, 20.0])
+    inputs = build_inputs([a, b], [9, 4], Carry(prev, plan, timing))
     assert inputs.seq_ids.tolist() == [1, 2] and inputs.seq_ids.dtype == torch.int64
     assert inputs.input_ids.tolist() == [[10, 11], [5, 0]]
     assert inputs.input_ids.dtype == torch.int32
@@ -103,12 +105,30 @@ def test_build_inputs_pads_and_fills_every_column() -> None:
     assert inputs.top_p.tolist() == pytest.approx([0.9, 1.0])
     assert inputs.random_seed.tolist() == [7, 0]
     assert inputs.prev_num_accepted is prev
+    assert inputs.draft_plan is plan and inputs.prev_timing_ms is timing
+    assert inputs.adaptive_drafting.tolist() == [True, False]  # only with adaptive
     assert inputs.release_seq_ids.tolist() == [9, 4]
     assert inputs.release_seq_ids.dtype == torch.int64
 
 
+def test_carry_after_a_step_joins_the_stage_times_and_the_wall_time() -> None:
+    outputs = StepOutputs(
+        torch.zeros(1, 3, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
+        torch.zeros(1, dtype=torch.int32), draft_plan=torch.tensor([0.3, 1.0, 0.5, 0.0, 0.0]),
+        draft_ms=torch.tensor([2.0, 1.0]), target_ms=torch.tensor([5.0]),
+    )  # fmt: skip
+    accepted = torch.tensor([0], dtype=torch.int32)
+    carry = Carry.after(outputs, accepted, wall_ms=12.0)
+    assert carry.timing_ms.tolist() == [2.0, 1.0, 5.0, 12.0]
+    assert carry.draft_plan.tolist() == pytest.approx([0.3, 1.0, 0.5, 0.0, 0.0])
+    assert carry.accepted is accepted
+    # A step function that reports no stage times carries no timing.
+    bare = StepOutputs(outputs.output_ids, outputs.num_accepted, outputs.num_verify)
+    assert Carry.after(bare, accepted, 1.0).timing_ms.numel() == 0
+
+
 def test_build_inputs_for_a_release_only_step() -> None:
-    inputs = build_inputs([], [3], torch.zeros(0, dtype=torch.int32))
+    inputs = build_inputs([], [3], Carry())
     assert inputs.batch_size == 0 and tuple(inputs.input_ids.shape) == (0, 1)
     assert inputs.release_seq_ids.tolist() == [3]
 

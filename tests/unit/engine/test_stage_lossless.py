@@ -21,8 +21,9 @@ import pytest
 import torch
 from helpers.stages import perturbed, tiny_model
 
-from avspec.av.cost_table import CostTable
+from avspec.av.step_cost import StepCost
 from avspec.contract import StepInputs, StepOutputs
+from avspec.engine.draft_stage import DraftOutput
 from avspec.engine.sampling import warp_probs
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
@@ -44,21 +45,20 @@ def _pair():
 
 
 def _build(target, draft) -> SpeculativeStep:
-    return SpeculativeStep.from_models(
-        target, draft, K, BATCH + 4, 32,
-        draft_cost=CostTable.linear(0.1, 0.01, 128), verify_cost=CostTable.linear(1.0, 0.05, 2048),
-    )  # fmt: skip
+    cost = StepCost.linear(0.1, 0.01, 1.0, 0.05, max_rows=128, max_tokens=2048)
+    return SpeculativeStep.from_models(target, draft, K, BATCH + 4, 32, cost=cost)
 
 
-def _sample(step_fn, seed_base: int) -> torch.Tensor:
+def _sample(step_fn, seed_base: int, drafting: bool = True) -> torch.Tensor:
     """Counts [vocab, vocab] of the first two generated tokens over REQUESTS requests."""
     scheduler = Scheduler(step_fn, NO_EOS, BATCH, 32, K)
     tokens: list[list[int]] = [[] for _ in range(REQUESTS)]
     errors: list[Exception] = []
     for i in range(REQUESTS):
         request = GenerationRequest(
-            list(PROMPT), K + 1, TEMPERATURE, TOP_P, random_seed=seed_base + i, num_draft_tokens=K
-        )
+            list(PROMPT), K + 1, TEMPERATURE, TOP_P, random_seed=seed_base + i,
+            num_draft_tokens=K, adaptive_drafting=drafting,
+        )  # fmt: skip
         scheduler.submit(request, lambda r, i=i: tokens[i].extend(r.new_tokens), errors.append)
     scheduler.run_until_idle()
     assert not errors, errors[0]
@@ -102,11 +102,19 @@ def _p_value(counts: torch.Tensor, law: torch.Tensor) -> float:
 
 
 class _Counted:
-    """The served step, counting drafts asked for and verified."""
+    """The served step, counting drafts asked for, drafts not drafted (stopped) and verified."""
 
     def __init__(self, step: SpeculativeStep) -> None:
         self.step = step
-        self.drafted = self.verified = 0
+        self.drafted = self.verified = self.stopped = 0
+        draft = step.draft
+
+        def counting_draft(inputs: StepInputs) -> DraftOutput:
+            out = draft(inputs)
+            self.stopped += int((inputs.num_draft_tokens - out.num_drafted).sum())
+            return out
+
+        step.draft = counting_draft
 
     def __call__(self, inputs: StepInputs) -> StepOutputs:
         outputs = self.step(inputs)
@@ -131,11 +139,16 @@ class _WrongQ(_Counted):
         return step.target(inputs, drafted.draft_tokens, wrong, decision.num_verify)
 
 
-def test_stages_sample_the_target_law_with_trimming():
+@pytest.mark.parametrize("drafting", [False, True], ids=["fixed-drafting", "adaptive-drafting"])
+def test_stages_sample_the_target_law_with_trimming(drafting: bool):
     target, draft = _pair()
     step = _Counted(_build(target, draft))
-    counts = _sample(step, seed_base=0)
+    counts = _sample(step, seed_base=0, drafting=drafting)
     assert 0 < step.verified < 0.9 * step.drafted  # the budget binds: drafts were trimmed
+    if drafting:  # the plan's stop binds: rows drafted less than their cap
+        assert 0.05 * step.drafted < step.stopped
+    else:
+        assert step.stopped == 0
     assert _p_value(counts, _exact_law(target)) > PASS
 
 

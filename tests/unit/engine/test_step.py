@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers.stages import K, perturbed, tiny_model
 
-from avspec.av.cost_table import CostTable
+from avspec.av.step_cost import StepCost
 from avspec.engine.scheduler import Scheduler, generate
 from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
@@ -30,7 +30,7 @@ def build(target: Transformer, draft: Transformer, max_sequences: int = 8) -> Sp
     """A step whose steep verify cost makes the verifier trim drafts."""
     return SpeculativeStep.from_models(
         target, draft, K, max_sequences, 96,
-        draft_cost=CostTable.linear(0.1, 0.01, 64), verify_cost=CostTable.linear(1.0, 1.0, 512),
+        cost=StepCost.linear(0.1, 0.01, 1.0, 1.0, max_rows=64, max_tokens=512),
     )  # fmt: skip
 
 

@@ -55,6 +55,8 @@ def first_step(batch: int = 2) -> dict[str, torch.Tensor]:
     tensors["temperature"][:] = 1.0
     tensors["top_p"][:] = 1.0
     tensors["prev_num_accepted"] = torch.zeros(0, dtype=torch.int32)
+    tensors["draft_plan"] = torch.zeros(0)  # no plan yet: every row drafts its cap
+    tensors["prev_timing_ms"] = torch.zeros(0)
     return tensors
 
 
@@ -62,19 +64,24 @@ def test_cost_tables_missing_file_falls_back_with_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING):
-        draft, verify = load_cost_tables(tmp_path / "absent.json")
+        cost = load_cost_tables(tmp_path / "absent.json")
     assert "linear defaults" in caplog.text
-    assert float(verify(100)) > float(draft(100))
+    assert float(cost.verify(100)) > float(cost.draft_pass(100))
 
 
 def test_cost_tables_from_file_and_malformed(tmp_path: Path) -> None:
     path = tmp_path / "costs.json"
     table = {"sizes": [1, 8], "millis": [1.0, 2.0]}
-    path.write_text(json.dumps({"draft_cost": table, "verify_cost": table}))
-    draft, _ = load_cost_tables(path)
-    assert float(draft(8)) == pytest.approx(2.0)
-    path.write_text(json.dumps({"draft_cost": table}))
-    with pytest.raises(ValueError, match="unreadable"):
+    path.write_text(
+        json.dumps(
+            {"format": "avspec-step-cost/1", "overhead_ms": 3.0, "draft_pass": table,
+             "verify": table}
+        )
+    )  # fmt: skip
+    cost = load_cost_tables(path)
+    assert float(cost.draft_pass(8)) == pytest.approx(2.0) and cost.overhead_ms == 3.0
+    path.write_text(json.dumps({"draft_cost": table, "verify_cost": table}))  # the old format
+    with pytest.raises(ValueError, match="costs.json"):
         load_cost_tables(path)
 
 
@@ -104,6 +111,9 @@ def verifier_step(batch: int = 2) -> dict[str, torch.Tensor]:
         "release_seq_ids": torch.zeros(0, dtype=torch.int64),
         "input_lengths": torch.full((batch,), 3, dtype=torch.int32),
         "reusable": torch.zeros(batch, dtype=torch.int32),
+        "num_drafted": torch.full((batch,), K, dtype=torch.int32),
+        "adaptive_drafting": torch.ones(batch, dtype=torch.bool),
+        "prev_timing_ms": torch.zeros(0),
     }
 
 
@@ -149,7 +159,8 @@ def test_stage_adapters_run_a_step(pair: tuple[Path, Path], tmp_path: Path) -> N
     assert drafted["draft_features"].dtype == torch.float32
     num_verify = torch.tensor([K, 0], dtype=torch.int32)
     out = target({**tensors, **drafted, "num_verify": num_verify})
-    assert set(out) == {"output_ids", "num_accepted"}
+    assert set(out) == {"output_ids", "num_accepted", "target_ms"}
+    assert drafted["num_drafted"].tolist() == [K, K] and drafted["draft_ms"].shape == (K,)
     assert out["output_ids"].shape == (2, K + 1) and out["output_ids"].dtype == torch.int32
     assert out["num_accepted"][1] == 0
     assert draft.live_sequences == 2 and target.live_sequences == 2
@@ -183,6 +194,7 @@ def test_verifier_adapter_counts_refits_and_saves(tmp_path: Path) -> None:
     tensors = {
         **verifier_step(),
         "num_draft_tokens": torch.tensor([K, 2], dtype=torch.int32),
+        "num_drafted": torch.tensor([K, 2], dtype=torch.int32),
         "adaptive": torch.tensor([True, False]),
     }
     outputs, stats = adapter(tensors)
@@ -200,7 +212,8 @@ def test_verifier_adapter_counts_refits_and_saves(tmp_path: Path) -> None:
 
 def test_verifier_adapter_reports_no_budget_fraction_without_drafts(tmp_path: Path) -> None:
     adapter = VerifierAdapter(EstimatorConfig(num_positions=K), VerifierParams(), tmp_path)
-    no_drafts = {**verifier_step(), "num_draft_tokens": torch.zeros(2, dtype=torch.int32)}
+    zeros = torch.zeros(2, dtype=torch.int32)
+    no_drafts = {**verifier_step(), "num_draft_tokens": zeros, "num_drafted": zeros}
     outputs, stats = adapter(no_drafts)
     assert outputs["num_verify"].tolist() == [0, 0]
     assert (stats.drafted, stats.verified, stats.trimmed) == (0, 0, 0)

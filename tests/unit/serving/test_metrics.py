@@ -31,7 +31,9 @@ def test_specs_are_unique_and_documented() -> None:
     assert len(names) == len(set(names))
     assert all(spec.name.startswith("av_") and spec.description for spec in ALL_METRICS)
     histograms = [spec for spec in ALL_METRICS if spec.kind == HISTOGRAM]
-    assert [h.name for h in histograms] == ["av_step_batch_size"]
+    assert [h.name for h in histograms] == [
+        "av_step_batch_size", "av_draft_passes", "av_drafts_per_request"
+    ]  # fmt: skip
     assert STEP_BATCH_BUCKETS == (1, 2, 4, 8, 16, 32, 64, 128)
 
 

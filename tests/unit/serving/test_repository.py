@@ -69,7 +69,7 @@ def test_step_tensors_match_the_contract(model: str) -> None:
 
 def test_verifier_inputs_are_ensemble_tensors() -> None:
     inputs = dict(TENSOR.findall(config_text("verifier").split("output [")[0]))
-    assert set(inputs) - set(STEP_INPUT_DTYPES) == {"draft_features"}
+    assert set(inputs) - set(STEP_INPUT_DTYPES) == {"draft_features", "num_drafted"}
 
 
 def test_model_parameters_accepts_json_and_dict() -> None:

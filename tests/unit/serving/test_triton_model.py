@@ -179,7 +179,8 @@ def test_stage_model_execute_updates_the_live_gauge_and_trims_the_heap() -> None
 
 
 VERIFIER_INPUTS = ("seq_ids", "draft_features", "num_draft_tokens", "adaptive",
-                   "prev_num_accepted", "release_seq_ids", "input_lengths", "reusable")  # fmt: skip
+                   "prev_num_accepted", "release_seq_ids", "input_lengths", "reusable",
+                   "num_drafted", "adaptive_drafting", "prev_timing_ms")  # fmt: skip
 
 
 def verifier_args(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -204,6 +205,9 @@ def verifier_request() -> dict[str, np.ndarray]:
         "release_seq_ids": np.zeros(0, dtype=np.int64),
         "input_lengths": np.array([3, 3], dtype=np.int32),
         "reusable": np.zeros(2, dtype=np.int32),
+        "num_drafted": np.array([K, 2], dtype=np.int32),
+        "adaptive_drafting": np.array([True, False]),
+        "prev_timing_ms": np.zeros(0, dtype=np.float32),
     }
 
 
@@ -216,13 +220,15 @@ def test_verifier_model_answers_and_publishes_its_step(tmp_path: Path, gpu_varia
     extra = {"FORCE_CPU_ONLY_INPUT_TENSORS": "no"} if gpu_variant else {}
     model.initialize(verifier_args(tmp_path, **extra))
     (response,) = model.execute([verifier_request()])
-    (num_verify,) = response.output_tensors
-    assert num_verify.name == "num_verify"
+    num_verify, plan = response.output_tensors
+    assert (num_verify.name, plan.name) == ("num_verify", "draft_plan")
+    assert len(plan.value) == 3 + K
     assert isinstance(num_verify.value, torch.Tensor if gpu_variant else np.ndarray)
     assert num_verify.value.tolist()[1] == 2  # AV off for row 1: every draft verified
     assert model.metrics[metrics.DRAFTED_TOKENS.name].value == K + 2
     assert model.metrics[metrics.ESTIMATOR_REFITS.name].value == 1
-    assert model.batch_sizes.observed == [2]
+    assert model.histograms[metrics.STEP_BATCH_SIZE.name].observed == [2]
+    assert model.histograms[metrics.DRAFTS_PER_REQUEST.name].observed == [K, 2]
     model.finalize()
     assert (tmp_path / "snap.json").is_file()
 
@@ -246,7 +252,9 @@ def draft_request() -> dict[str, np.ndarray]:
     request.update(seq_ids=np.array([7]), input_lengths=np.array([2], dtype=np.int32),
                    num_draft_tokens=np.array([K], dtype=np.int32),
                    top_p=np.ones(1, dtype=np.float32),
-                   prev_num_accepted=np.zeros(0, dtype=np.int32))  # fmt: skip
+                   prev_num_accepted=np.zeros(0, dtype=np.int32),
+                   draft_plan=np.zeros(0, dtype=np.float32),
+                   prev_timing_ms=np.zeros(0, dtype=np.float32))  # fmt: skip
     return request
 
 
@@ -258,7 +266,9 @@ def test_stage_model_picks_its_adapter_and_answers(tmp_path: Path, gpu_variant: 
     model.initialize(draft_args(tmp_path, **extra))
     (response,) = model.execute([draft_request()])
     outputs = {t.name: t.value for t in response.output_tensors}
-    assert list(outputs) == ["draft_tokens", "draft_probs", "draft_features"]
+    assert list(outputs) == [
+        "draft_tokens", "draft_probs", "draft_features", "num_drafted", "draft_ms"
+    ]  # fmt: skip
     assert all(isinstance(v, torch.Tensor if gpu_variant else np.ndarray) for v in outputs.values())
     assert tuple(outputs["draft_probs"].shape) == (1, K, 257)
     assert model.kv_live.value == 1

@@ -59,6 +59,7 @@ DEFAULT_GENERATE_SCHEMA: GenerateSchema = MappingProxyType(
         "stream": InputSpec("TYPE_BOOL", required=False),
         "num_draft_tokens": InputSpec("TYPE_INT32", required=False),
         "adaptive_verification": InputSpec("TYPE_BOOL", required=False),
+        "adaptive_drafting": InputSpec("TYPE_BOOL", required=False),
     }
 )
 

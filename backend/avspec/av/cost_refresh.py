@@ -1,0 +1,203 @@
+"""Online refresh of a StepCost from the step times the server measures.
+
+The profiled tables describe the machine they were measured on, at the time they were measured.
+`CostRefresh` follows the machine the deployment runs on: for every served step it is told the
+rows and milliseconds of each draft pass, the tokens and milliseconds of the target, and the
+step's wall milliseconds, and every `every` steps it rewrites the StepCost in place:
+
+- each observation of a table (a draft pass, or the target forward) gives a ratio
+  observed ms / PROFILED ms at its size and joins the window (the last `window` ratios) of the
+  nearest ladder size of that table (absolute distance, ties to the smaller size);
+- the new table is the profiled one with each ladder point scaled by the median ratio of its
+  window (a point with no ratios: the median of all the table's ratios; a table with none at all
+  is left as it is), refitted isotonically with each point weighted by its number of ratios;
+- overhead_ms = median over the last `window` steps of (step ms - draft ms - target ms),
+  clamped at 0; steps without a wall time do not count.
+
+Medians make one stalled step irrelevant, ratios against the profiled table keep the measured
+shape (a machine that gets uniformly slower keeps its curve, only scaled), and the window bounds
+how long a change takes to be followed: at most window // 2 + 1 observations at a ladder point
+plus `every` steps. The StepCost object is the one the plan holds: new CostTables are assigned to
+cost.draft_pass and cost.verify (a reference swap each; no tensor is written in place).
+
+`observe` works on host numbers only (plain Python, no tensor and no device sync). Call it from
+the thread that plans steps, or accept that a plan may see a new draft table with the old verify
+table for one step.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+from avspec.av.cost_table import CostTable
+from avspec.av.step_cost import StepCost
+
+TABLES = ("draft_pass", "verify")
+
+
+class CostRefresh:
+    """Windowed median ratios of served / profiled step times, folded back into a StepCost."""
+
+    def __init__(self, cost: StepCost, enabled: bool = True, window: int = 64, every: int = 16):
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValueError(f"window must be an integer >= 1, got {window!r}")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be an integer >= 1, got {every!r}")
+        self.cost = cost
+        self.enabled = bool(enabled)
+        self.window = window
+        self.every = every
+        # The tables as measured (the CostTables are never modified): ratios are taken to them.
+        self.profiled = StepCost(cost.draft_pass, cost.verify, cost.overhead_ms)
+        self.steps = 0  # steps observed (enabled, valid)
+        self.updates = 0  # refreshes that changed the StepCost
+        self._ratios = {
+            name: [deque(maxlen=window) for _ in getattr(cost, name).sizes] for name in TABLES
+        }
+        self._overheads: deque[float] = deque(maxlen=window)
+        # (predicted by the cost in force, predicted by the profiled cost, observed) step ms.
+        self._steps: deque[tuple[float, float, float]] = deque(maxlen=window)
+
+    def observe(
+        self,
+        draft_rows: Sequence[int],
+        draft_ms: Sequence[float],
+        verify_tokens: int,
+        verify_ms: float,
+        step_ms: float | None,
+    ) -> None:
+        """One served step; a no-op when disabled.
+
+        draft_rows[p], draft_ms[p]: rows and ms of draft pass p (pass 0: the tokens of the
+        pending-input pass; a pass with 0 rows was not run and is skipped). verify_tokens,
+        verify_ms: the target forward. step_ms: the step's wall ms as the scheduler measured it,
+        or None. ValueError naming the field for a negative or non-finite value, a fractional
+        row or token count, or draft_rows and draft_ms of different lengths; nothing is
+        recorded then.
+        """
+        if not self.enabled:
+            return
+        rows = [_count("draft_rows", r) for r in draft_rows]
+        millis = [_millis("draft_ms", m) for m in draft_ms]
+        if len(rows) != len(millis):
+            raise ValueError(f"draft_rows has {len(rows)} passes but draft_ms has {len(millis)}")
+        tokens = _count("verify_tokens", verify_tokens)
+        target_ms = _millis("verify_ms", verify_ms)
+        wall = None if step_ms is None else _millis("step_ms", step_ms)
+
+        for size, ms in zip(rows, millis, strict=True):
+            if size > 0:
+                self._add("draft_pass", size, ms)
+        if tokens > 0:
+            self._add("verify", tokens, target_ms)
+        if wall is not None:
+            self._overheads.append(wall - sum(millis) - target_ms)
+            self._steps.append(
+                (_predict(self.cost, rows, tokens), _predict(self.profiled, rows, tokens), wall)
+            )
+        self.steps += 1
+        if self.steps % self.every == 0:
+            self._refresh()
+
+    def report(self) -> dict[str, Any]:
+        """Predicted vs observed step ms over the window (None where there is no data).
+
+        predicted_step_ms / observed_step_ms: medians over the last `window` steps with a wall
+        time, predicted by the cost in force at each step; relative_error: (predicted - observed)
+        / observed of those medians; median_abs_relative_error: median of |predicted - observed| /
+        observed per step; profiled_*: the same for the tables as profiled (no refresh).
+        """
+        out: dict[str, Any] = {
+            "enabled": self.enabled,
+            "steps": self.steps,
+            "updates": self.updates,
+            "window_steps": len(self._steps),
+            "overhead_ms": self.cost.overhead_ms,
+            "observed_step_ms": None,
+            "predicted_step_ms": None,
+            "relative_error": None,
+            "median_abs_relative_error": None,
+            "profiled_predicted_step_ms": None,
+            "profiled_relative_error": None,
+            "profiled_median_abs_relative_error": None,
+        }
+        timed = [s for s in self._steps if s[2] > 0]
+        if not timed:
+            return out
+        observed = statistics.median(s[2] for s in timed)
+        out["observed_step_ms"] = observed
+        for prefix, index in (("", 0), ("profiled_", 1)):
+            predicted = statistics.median(s[index] for s in timed)
+            out[f"{prefix}predicted_step_ms"] = predicted
+            out[f"{prefix}relative_error"] = (predicted - observed) / observed
+            out[f"{prefix}median_abs_relative_error"] = statistics.median(
+                abs(s[index] - s[2]) / s[2] for s in timed
+            )
+        return out
+
+    def _add(self, name: str, size: int, ms: float) -> None:
+        profiled: CostTable = getattr(self.profiled, name)
+        predicted = profiled.at(size)
+        if predicted <= 0.0:
+            return  # a free point has no ratio
+        self._ratios[name][_nearest(profiled.sizes, float(size))].append(ms / predicted)
+
+    def _refresh(self) -> None:
+        changed = False
+        for name in TABLES:
+            windows = self._ratios[name]
+            every_ratio = [r for w in windows for r in w]
+            if not every_ratio:
+                continue
+            overall = statistics.median(every_ratio)
+            profiled: CostTable = getattr(self.profiled, name)
+            scaled = [
+                ms * (statistics.median(w) if w else overall)
+                for ms, w in zip(profiled.millis, windows, strict=True)
+            ]
+            weights = [max(1, len(w)) for w in windows]
+            setattr(self.cost, name, CostTable(profiled.sizes, scaled, profiled.name, weights))
+            changed = True
+        if self._overheads:
+            self.cost.overhead_ms = max(0.0, float(statistics.median(self._overheads)))
+            changed = True
+        if changed:
+            self.updates += 1
+
+
+def _predict(cost: StepCost, rows: list[int], tokens: int) -> float:
+    """Step ms the cost model gives for these passes and target tokens (host floats)."""
+    draft = sum(cost.draft_pass.at(r) for r in rows if r > 0)
+    return cost.overhead_ms + draft + (cost.verify.at(tokens) if tokens > 0 else 0.0)
+
+
+def _nearest(sizes: list[float], size: float) -> int:
+    """Index of the ladder size nearest to `size` (ties: the smaller)."""
+    i = bisect.bisect_left(sizes, size)
+    if i == 0:
+        return 0
+    if i == len(sizes):
+        return len(sizes) - 1
+    return i if sizes[i] - size < size - sizes[i - 1] else i - 1
+
+
+def _millis(field: str, value: Any) -> float:
+    try:
+        ms = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field} must be a number, got {value!r}") from None
+    if not (math.isfinite(ms) and ms >= 0.0):
+        raise ValueError(f"{field} must be finite and >= 0, got {value!r}")
+    return ms
+
+
+def _count(field: str, value: Any) -> int:
+    count = _millis(field, value)
+    if count != int(count):
+        raise ValueError(f"{field} must be a whole number, got {value!r}")
+    return int(count)

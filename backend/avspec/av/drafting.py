@@ -1,0 +1,113 @@
+"""Adaptive drafting: the plan of a step, fixed before it, and the per-request stop rule.
+
+The rule (spec section 6; lossless because every decision about draft x_i is fixed before x_i is
+drawn):
+
+- **Plan, from stale state.** At the end of step t the verifier ranks step t's survival rows (one
+  row per request, the same values the budget of step t + 1 will use) and returns a `DraftPlan`
+  for step t + 1: the coefficients as they stood, a threshold tau and a depth D. The scheduler
+  carries it into step t + 1's inputs, so the draft never reads state updated in its own step.
+- **Per-request stop.** A request drafting adaptively draws x_0 (it costs one sample: the pass
+  over pending inputs runs anyway), then keeps drafting past position i only while its survival
+  s_i = prod_{j <= i} sigmoid(slope * f_j + b_j) stays >= tau. f_j = logit(q_max) at j depends on
+  x_{<j} only, so s_i is known before x_i is drawn; nothing looks at the sampled token.
+- **Depth.** At most D draft positions for such a request (its `num_draft_tokens` stays the cap);
+  the loop also ends when no row is left. Rows that stopped leave the batch (compaction).
+- **Budget.** The plan's numbers come from `avspec.av.budget.plan_step`, which is also the
+  verifier's budget: the argmax of expected tokens per ms over the stale ranking, with the draft
+  passes the admitted drafts need priced by the cost tables.
+  Admission is then the budget's best fresh survival values among what was drafted; later
+  positions of a request never outrank earlier ones (ties: position, then row), so whether x_i is
+  admitted depends on s_i, other requests and the stale budget.
+
+Unsafe, and caught by tests/unit/av/test_drafting_exact.py: a stop that compares a row with this
+step's other rows, a refit or normalisation inside the step, a decision on q(x_i) of the token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from avspec.checks import check_shape
+
+# Layout of the plan tensor: [threshold, depth, slope, intercept_0 .. intercept_{K-1}].
+_HEAD = 3
+
+
+@dataclass(frozen=True)
+class DraftPlan:
+    """What the draft of the next step may know: coefficients, threshold tau and depth D."""
+
+    threshold: float
+    depth: int
+    slope: float
+    intercepts: tuple[float, ...]
+
+    def to_tensor(self) -> torch.Tensor:
+        """[3 + K] float32 on the CPU: threshold, depth, slope, intercepts."""
+        head = [self.threshold, float(self.depth), self.slope]
+        return torch.tensor(head + list(self.intercepts), dtype=torch.float32)
+
+    @classmethod
+    def from_tensor(cls, plan: torch.Tensor, num_positions: int) -> DraftPlan | None:
+        """Read a plan tensor on the host; empty -> None (no plan: draft every row to its cap).
+
+        ValueError naming the problem for a wrong shape or values: non-finite entries, a
+        threshold outside [0, 1], a depth that is not an integer in 0..num_positions, or fewer
+        than num_positions intercepts.
+        """
+        check_shape("draft_plan", plan, (None,))
+        if plan.numel() == 0:
+            return None
+        values = [float(v) for v in plan.detach().cpu().double().tolist()]
+        if len(values) < _HEAD + num_positions:
+            raise ValueError(
+                f"draft_plan has {len(values)} entries, want 3 + {num_positions} "
+                "(threshold, depth, slope, one intercept per draft position)"
+            )
+        if any(v != v or v in (float("inf"), float("-inf")) for v in values):
+            raise ValueError("draft_plan must be finite")
+        threshold, depth, slope = values[:_HEAD]
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"draft_plan threshold {threshold} outside [0, 1]")
+        if depth != int(depth) or not 0 <= depth <= num_positions:
+            raise ValueError(f"draft_plan depth {depth} is not an integer in 0..{num_positions}")
+        intercepts = tuple(values[_HEAD : _HEAD + num_positions])
+        return cls(threshold, int(depth), slope, intercepts)
+
+
+def stop_confidence(features: torch.Tensor, position: int, plan: DraftPlan) -> torch.Tensor:
+    """Confidence c_i = sigmoid(slope * f_i + b_i) [rows] of position `position` under `plan`.
+
+    features [rows] logit(q_max) at that position (fp32). Computed in fp32 like the estimator's
+    `predict`, from the plan's coefficients only.
+    """
+    slope = torch.tensor(plan.slope, dtype=torch.float32, device=features.device)
+    bias = torch.tensor(plan.intercepts[position], dtype=torch.float32, device=features.device)
+    return torch.sigmoid(slope * features.float() + bias)
+
+
+def keeps_drafting(survival: torch.Tensor, plan: DraftPlan) -> torch.Tensor:
+    """[rows] bool: the rows whose survival after the position just drafted is >= tau."""
+    return survival >= plan.threshold
+
+
+def draft_limits(
+    num_draft_tokens: list[int],
+    adaptive: list[bool],
+    adaptive_drafting: list[bool],
+    plan: DraftPlan | None,
+) -> tuple[list[int], list[bool]]:
+    """Per-row draft limit and whether the row stops by the plan (host lists).
+
+    Without a plan, or for a row that is not adaptive or not drafting adaptively, the limit is
+    the row's cap and it never stops early: fixed drafting exactly as without this module.
+    """
+    stops = [plan is not None and a and d for a, d in zip(adaptive, adaptive_drafting, strict=True)]
+    limits = [
+        min(cap, plan.depth) if stop and plan is not None else cap
+        for cap, stop in zip(num_draft_tokens, stops, strict=True)
+    ]
+    return limits, stops
