@@ -27,15 +27,27 @@ from pathlib import Path
 
 import torch
 
+from avspec.av.cost_file import default_step_cost, load_step_cost
+from avspec.av.step_cost import StepCost
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
 from avspec.runtime.tokenizer import ByteTokenizer
-from avspec.serving.adapters import load_cost_tables
 from avspec.serving.metrics import metric_value, parse_metrics
 from avspec.serving.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
+MAX_LENGTH = 512  # KV positions per sequence
+
+
+def step_cost(path: Path, max_sequences: int) -> StepCost:
+    """The measured step cost at `path`, or the linear default when the file does not exist
+    (a file that exists but is malformed or of the old format raises ValueError)."""
+    try:
+        return load_step_cost(path)
+    except FileNotFoundError:
+        print(f"bench_overhead: {path} not found: linear default step cost", file=sys.stderr)
+        return default_step_cost(max_sequences * MAX_LENGTH, max_sequences * MAX_LENGTH)
 
 
 def _prompts(workload: Path, count: int) -> list[str]:
@@ -53,7 +65,7 @@ def in_process(step: SpeculativeStep, prompts: list[str], max_tokens: int, k: in
             counter["steps"] += 1
         return step(inputs)
 
-    scheduler = Scheduler(counted, tokenizer.eos_id, len(prompts), 512, k)
+    scheduler = Scheduler(counted, tokenizer.eos_id, len(prompts), MAX_LENGTH, k)
     errors: list[Exception] = []
     start = time.perf_counter()
     for prompt in prompts:
@@ -124,10 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # the server runs every model process with one thread too
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     prompts = _prompts(args.workload, max(concurrencies))
-    draft_cost, verify_cost = load_cost_tables(ROOT / "models" / "cost_tables.json")
+    sequences = max(concurrencies) + 4
+    cost = step_cost(ROOT / "models" / "cost_tables.json", sequences)
     step = SpeculativeStep.from_model_dirs(
         ROOT / "models" / "target", ROOT / "models" / "draft", args.draft_tokens,
-        max(concurrencies) + 4, 512, "cpu", draft_cost, verify_cost,
+        sequences, MAX_LENGTH, "cpu", cost=cost,
     )  # fmt: skip
     http, grpc, metrics = (int(p) for p in args.ports.split(","))
     rows = []

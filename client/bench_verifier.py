@@ -2,8 +2,9 @@
 """Per-step cost of the verifier stage: feature + scoring + labelling + survival + budget + top-k.
 
 Times `logit_qmax` on draft logits plus one `AdaptiveVerifier.step` (which labels the previous
-step's outcome, predicts, trims and picks the budget), and one estimator refit, at a chosen batch
-and K, on the CPU or CUDA. Prints a table of medians; it asserts nothing (these machines are
+step's outcome, predicts, trims, picks the budget and plans the next step's drafting: every row
+drafts adaptively, to its cap here), and one estimator refit, at a chosen batch and K, on the CPU
+or CUDA. Prints a table of medians; it asserts nothing (these machines are
 noisy: compare rows of one run, not runs).
 
     .venv/bin/python client/bench_verifier.py --batch 64 --draft-tokens 8
@@ -16,9 +17,9 @@ import sys
 
 import torch
 
-from avspec.av.cost_table import CostTable
 from avspec.av.estimator import AcceptanceEstimator
 from avspec.av.features import logit_qmax
+from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
 from avspec.tools.profiler import median_ms
@@ -34,20 +35,20 @@ def bench(batch: int, k: int, vocab: int, device: str, repeats: int, check_value
     adaptive = torch.ones(batch, dtype=torch.bool, device=device)
     no_release = torch.zeros(0, dtype=torch.int64)
     estimator = AcceptanceEstimator(EstimatorConfig(num_positions=k, refit_interval=10**9), device)
-    verifier = AdaptiveVerifier(
-        estimator,
-        CostTable.linear(fixed_ms=2.0, per_unit_ms=0.05, max_size=512),
-        CostTable.linear(fixed_ms=10.0, per_unit_ms=0.4, max_size=4096),
-        check_values=check_values,
-    )
+    cost = StepCost.linear(
+        draft_fixed_ms=0.5, draft_per_row_ms=0.01, verify_fixed_ms=10.0,
+        verify_per_token_ms=0.4, max_rows=4096, max_tokens=4096, overhead_ms=1.0,
+    )  # fmt: skip
+    verifier = AdaptiveVerifier(estimator, cost, check_values=check_values)
     last = {"num_verify": torch.zeros(0, dtype=torch.int32, device=device)}
 
     def one_step() -> None:
         accepted = torch.minimum(last["num_verify"], torch.full_like(last["num_verify"], 3))
         features = logit_qmax(logits, temperature, check_values=check_values)
         decision = verifier.step(
-            seq_ids, features, num_draft, adaptive, accepted, no_release, base_tokens=batch
-        )
+            seq_ids, features, num_draft, adaptive, accepted, no_release, base_tokens=batch,
+            num_drafted=num_draft, adaptive_drafting=adaptive,
+        )  # fmt: skip
         last["num_verify"] = decision.num_verify
 
     for _ in range(20):

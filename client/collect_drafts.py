@@ -30,7 +30,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from avspec.av.cost_file import default_step_cost, load_step_cost
 from avspec.av.estimator import AcceptanceEstimator
+from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
 from avspec.contract import StepInputs, StepOutputs, base_tokens
@@ -40,7 +42,6 @@ from avspec.engine.sequence import GenerationRequest
 from avspec.engine.target_stage import TargetStage
 from avspec.runtime.model_dir import load_model_dir
 from avspec.runtime.tokenizer import ByteTokenizer
-from avspec.serving.adapters import load_cost_tables
 from avspec.tools.features_zoo import ZOO_FEATURES, feature_zoo
 
 WORKLOADS = ("code", "prose", "high_entropy")
@@ -54,12 +55,16 @@ class RecordingDraftStage(DraftStage):
         self.zoo = {name: torch.zeros(shape) for name in ZOO_FEATURES}
         return super().__call__(inputs)
 
-    def _draft_position(self, position, draw, logits, tokens, probs, features) -> None:  # noqa: ANN001
-        super()._draft_position(position, draw, logits, tokens, probs, features)
-        sampled = tokens[draw.index, position].unsqueeze(1)  # [rows, 1]
+    def _draft_position(self, position, draw, logits, out, drafting) -> torch.Tensor:  # noqa: ANN001
+        features = super()._draft_position(position, draw, logits, out, drafting)
+        sampled = out.draft_tokens[draw.index, position].unsqueeze(1).long()  # [rows, 1]
         extra = feature_zoo(logits[:, None, :], draw.temperature, sampled)
         for name, values in extra.items():
-            self.zoo[name][draw.index.cpu(), position] = values[:, 0].cpu()
+            values = values[:, 0]
+            if drafting is not None:  # rows masked off (stopped) keep padding
+                values = torch.where(drafting, values, torch.zeros_like(values))
+            self.zoo[name][draw.index.cpu(), position] = values.cpu()
+        return features
 
 
 class RecordingStep:
@@ -74,6 +79,9 @@ class RecordingStep:
     def __call__(self, inputs: StepInputs) -> StepOutputs:
         drafted = self.draft(inputs)
         pending = base_tokens(inputs.input_lengths, inputs.reusable)
+        drafting = inputs.adaptive_drafting
+        if drafting.numel() == 0:
+            drafting = torch.zeros_like(inputs.adaptive)
         decision = self.verifier.step(
             seq_ids=inputs.seq_ids,
             features=drafted.draft_features,
@@ -82,9 +90,14 @@ class RecordingStep:
             prev_num_accepted=inputs.prev_num_accepted,
             release_seq_ids=inputs.release_seq_ids,
             base_tokens=pending,
+            num_drafted=drafted.num_drafted,
+            adaptive_drafting=drafting,
+            prev_timing_ms=inputs.prev_timing_ms,
         )
         refits = self.verifier.estimator.num_refits  # refits behind this step's predictions
         out = self.target(inputs, drafted.draft_tokens, drafted.draft_probs, decision.num_verify)
+        out.draft_plan = decision.draft_plan
+        out.draft_ms = drafted.pass_ms
         if inputs.batch_size:
             self._append(inputs, drafted, decision.confidences, out, pending, refits)
         return out
@@ -96,7 +109,8 @@ class RecordingStep:
         columns = {
             "step": np.full(batch, step, dtype=np.int32),
             "seq_id": inputs.seq_ids.numpy().astype(np.int32),
-            "num_draft": inputs.num_draft_tokens.numpy().astype(np.int8),
+            # drafts actually drafted (= num_draft_tokens: AV and adaptive drafting are off)
+            "num_draft": drafted.num_drafted.cpu().numpy().astype(np.int8),
             "num_accepted": out.num_accepted.cpu().numpy().astype(np.int8),
             "refits": np.full(batch, refits, dtype=np.int16),
             "logit_qmax": drafted.draft_features.cpu().numpy(),
@@ -107,6 +121,16 @@ class RecordingStep:
             self.rows.setdefault(name, []).append(values)
 
 
+def step_cost(path: Path, max_rows: int, max_tokens: int) -> StepCost:
+    """The step cost file at `path` (avspec.av.cost_file), or the linear default when it does
+    not exist; a file that exists but is malformed or of the old format raises ValueError."""
+    try:
+        return load_step_cost(path)
+    except FileNotFoundError:
+        print(f"collect_drafts: {path} not found: linear default step cost", file=sys.stderr)
+        return default_step_cost(max_rows, max_tokens)
+
+
 def build_step(args: argparse.Namespace) -> RecordingStep:
     target_model, _ = load_model_dir(args.target_dir)
     draft_model, _ = load_model_dir(args.draft_dir)
@@ -115,12 +139,12 @@ def build_step(args: argparse.Namespace) -> RecordingStep:
     def cache(model):  # noqa: ANN001, ANN202
         return model.new_cache(sequences, args.max_length, "cpu", torch.float32)
 
-    draft_cost, verify_cost = load_cost_tables(args.cost_tables)
+    cost = step_cost(args.cost_tables, sequences, sequences * args.max_length)
     config = EstimatorConfig(num_positions=k, refit_interval=args.refit_interval)
     estimator = AcceptanceEstimator(config)
     return RecordingStep(
         RecordingDraftStage(draft_model, cache(draft_model), k),
-        AdaptiveVerifier(estimator, draft_cost, verify_cost),
+        AdaptiveVerifier(estimator, cost),
         TargetStage(target_model, cache(target_model), k),
     )
 

@@ -9,9 +9,10 @@ Reads the .npz of client/collect_drafts.py (every draft verified) and prints mar
 2. AUC and calibration by draft position (as served);
 3. per workload: offline-fitted slope and first intercept, the online estimator's final ones,
    acceptance rate and mean draft entropy;
-4. with --cost-tables: the oracle bound (avspec.tools.oracle.oracle_bound) per workload, with the
-   AV replay started cold (reference starting values) and warm (the workload's offline fit, as
-   a server that has run long enough would hold).
+4. with --cost-tables (a step cost file, avspec.av.cost_file): the oracle bound
+   (avspec.tools.oracle.oracle_bound) per workload, with the AV replay started cold (reference
+   starting values) and warm (the workload's offline fit, as a server that has run long enough
+   would hold).
 
 Writes everything as JSON to --out.
 
@@ -31,9 +32,10 @@ import numpy as np
 import torch
 
 from avspec.av.calibration import calibration_report
+from avspec.av.cost_file import load_step_cost
 from avspec.av.estimator import AcceptanceEstimator
+from avspec.av.step_cost import StepCost
 from avspec.config import EstimatorConfig
-from avspec.serving.adapters import load_cost_tables
 from avspec.tools.features_zoo import cross_fit_predictions, fit_logistic, label_matrix
 from avspec.tools.oracle import RecordedSteps, oracle_bound
 
@@ -100,7 +102,7 @@ def workload_coefficients(data: dict[str, np.ndarray], w: int) -> dict[str, floa
     }
 
 
-def oracle_for(data: dict[str, np.ndarray], w: int, costs: tuple) -> dict[str, Any]:
+def oracle_for(data: dict[str, np.ndarray], w: int, cost: StepCost) -> dict[str, Any]:
     """Oracle bound of one workload, the AV replay cold (starting values) and warm (offline fit).
 
     Both replays refit every `refit_interval` steps, as the estimator did while collecting.
@@ -116,13 +118,13 @@ def oracle_for(data: dict[str, np.ndarray], w: int, costs: tuple) -> dict[str, A
     )
     k = recorded.features.shape[1]
     config = EstimatorConfig(num_positions=k, refit_interval=int(data.get("refit_interval", 100)))
-    cold = oracle_bound(recorded, *costs, config=config)
+    cold = oracle_bound(recorded, cost, config=config)
     labels, mask = labelled(data, rows)
     slope, intercepts = fit_logistic(recorded.features, labels, mask)
     warm = AcceptanceEstimator(config)
     warm.slope.fill_(max(slope, config.min_slope))
     warm.intercepts.copy_(torch.as_tensor(intercepts, dtype=torch.float32))
-    warm_result = oracle_bound(recorded, *costs, estimator=warm)
+    warm_result = oracle_bound(recorded, cost, estimator=warm)
     cold["av_warm"] = warm_result["av"]
     for key in ("av_gain", "fraction"):
         cold[f"{key}_warm"] = warm_result[key]
@@ -192,7 +194,8 @@ def print_report(result: dict[str, Any]) -> None:
             print(f"| {name} | " + " | ".join(fmt(x) for x in o["trim_to_k"]) + " |")
 
 
-def evaluate(data: dict[str, np.ndarray], cost_tables: Path | None) -> dict[str, Any]:
+def evaluate(data: dict[str, np.ndarray], cost: StepCost | None) -> dict[str, Any]:
+    """Feature tables, coefficients and, with a step cost, the oracle bound per workload."""
     names = [str(n) for n in data["workloads"]]
     result: dict[str, Any] = {"feature_tables": {}, "coefficients": {}, "oracle": {}}
     result["feature_tables"]["all"] = feature_table(data, np.arange(data["step"].size))
@@ -200,22 +203,30 @@ def evaluate(data: dict[str, np.ndarray], cost_tables: Path | None) -> dict[str,
         rows = np.flatnonzero(data["workload"] == w)
         result["feature_tables"][name] = feature_table(data, rows)
         result["coefficients"][name] = workload_coefficients(data, w)
-        if cost_tables is not None:
-            result["oracle"][name] = oracle_for(data, w, load_cost_tables(cost_tables))
+        if cost is not None:
+            result["oracle"][name] = oracle_for(data, w, cost)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("drafts", type=Path, help=".npz written by client/collect_drafts.py")
-    parser.add_argument("--cost-tables", type=Path, default=None, help="profiler JSON (oracle)")
+    parser.add_argument(
+        "--cost-tables", type=Path, default=None, help="step cost file (oracle; profiler JSON)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="JSON file to write")
     args = parser.parse_args(argv)
-    if args.cost_tables is not None and not args.cost_tables.is_file():
-        parser.error(f"--cost-tables {args.cost_tables} does not exist")
+    cost = None
+    if args.cost_tables is not None:
+        if not args.cost_tables.is_file():
+            parser.error(f"--cost-tables {args.cost_tables} does not exist")
+        try:
+            cost = load_step_cost(args.cost_tables)
+        except ValueError as err:  # malformed, or the old format: the message says what to run
+            parser.error(f"--cost-tables: {err}")
     with np.load(args.drafts) as npz:
         data = {name: npz[name] for name in npz.files}
-    result = evaluate(data, args.cost_tables)
+    result = evaluate(data, cost)
     print_report(result)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,12 +3,14 @@
 
 Three checks, one call (a few minutes on a GPU; plain torch with CUDA, no TensorRT-LLM needed):
 
-1. sync: AdaptiveVerifier.step (check_values=False, seq ids on the CPU, refits included) runs
+1. sync: AdaptiveVerifier.step (check_values=False, seq ids on the CPU, refits included, every
+   row drafting adaptively: the budget, the next step's drafting plan and the stale rows) runs
    under torch.cuda.set_sync_debug_mode("error"): any host synchronisation in the per-step path
    raises, and the check prints the avspec frames that caused it and fails.
 2. verifier throughput: median ms per verifier step at --batch (default 64) and K drafts.
 3. pipeline throughput: the in-process speculative step (draft -> verifier -> target stand-in,
-   avspec.engine.step) on random-weight models at --batch, in tokens/s.
+   avspec.engine.step) on random-weight models at --batch, in tokens/s, every row drafting by
+   the plan the previous step returned (the draft stage's masked mode on CUDA).
 
 Without CUDA (or with --device cpu) the same code runs on the CPU and the sync check is skipped
 with a message saying so. Exit status 0 when every check that ran passed, 1 otherwise.
@@ -29,11 +31,11 @@ from pathlib import Path
 
 import torch
 
-from avspec.av.cost_table import CostTable
 from avspec.av.estimator import AcceptanceEstimator
+from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
-from avspec.contract import StepInputs
+from avspec.contract import StepInputs, StepOutputs
 from avspec.engine.step import SpeculativeStep
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
 from avspec.tools.profiler import median_ms, synchronize
@@ -53,12 +55,27 @@ def make_verifier(k: int, device: torch.device, refit_interval: int) -> Adaptive
     estimator = AcceptanceEstimator(
         EstimatorConfig(num_positions=k, refit_interval=refit_interval), device
     )
-    return AdaptiveVerifier(
-        estimator,
-        CostTable.linear(fixed_ms=2.0, per_unit_ms=0.05, max_size=512, name="draft_cost"),
-        CostTable.linear(fixed_ms=10.0, per_unit_ms=0.4, max_size=4096, name="verify_cost"),
-        check_values=False,
-    )
+    cost = StepCost.linear(
+        draft_fixed_ms=0.5, draft_per_row_ms=0.01, verify_fixed_ms=10.0,
+        verify_per_token_ms=0.4, max_rows=4096, max_tokens=4096, overhead_ms=1.0,
+    )  # fmt: skip
+    return AdaptiveVerifier(estimator, cost, check_values=False)
+
+
+def planned_drafts(plan: torch.Tensor, features: torch.Tensor, caps: torch.Tensor) -> torch.Tensor:
+    """num_drafted [batch] under a draft plan [3 + K] (empty: the caps), on the device.
+
+    The draft stage's rule (avspec.av.drafting) as tensor ops, no host read: draft 0 always,
+    then position i while i < depth and the survival up to i - 1 stays >= the threshold.
+    """
+    if plan.numel() == 0:
+        return caps.clone()
+    k = features.shape[1]
+    threshold, depth, slope, intercepts = plan[0], plan[1], plan[2], plan[3 : 3 + k]
+    values = torch.cumprod(torch.sigmoid(slope * features.float() + intercepts), dim=1)
+    keeps = torch.cumprod((values[:, :-1] >= threshold).int(), dim=1)  # [batch, K - 1]
+    within = torch.arange(1, k, device=features.device) < depth
+    return torch.minimum(1 + (keeps * within).sum(1), caps.long()).to(caps.dtype)
 
 
 def verifier_steps(
@@ -66,9 +83,11 @@ def verifier_steps(
 ) -> Callable[[], None]:
     """A closure running one verifier step per call, as the GPU verifier model does.
 
-    Features, num_draft_tokens, adaptive and prev_num_accepted live on `device`; seq ids and
-    releases on the CPU (the scheduler's bookkeeping). The outcome fed back is a device function
-    of last step's num_verify, so no value ever returns to the host.
+    Features, num_draft_tokens, adaptive, adaptive_drafting, num_drafted and prev_num_accepted
+    live on `device`; seq ids and releases on the CPU (the scheduler's bookkeeping). Every row
+    drafts adaptively: num_drafted follows the plan of the previous step (`planned_drafts`). The
+    outcome fed back is a device function of last step's num_verify, so no value ever returns
+    to the host.
     """
     gen = torch.Generator().manual_seed(0)
     features = (torch.randn(steps, batch, k, generator=gen) * 2).to(device)
@@ -77,14 +96,21 @@ def verifier_steps(
     no_release = torch.zeros(0, dtype=torch.int64)
     num_draft = torch.full((batch,), k, dtype=torch.int32, device=device)
     adaptive = torch.ones(batch, dtype=torch.bool, device=device)
-    state = {"i": 0, "prev": torch.zeros(0, dtype=torch.int32, device=device)}
+    state = {
+        "i": 0,
+        "prev": torch.zeros(0, dtype=torch.int32, device=device),
+        "plan": torch.zeros(0, device=device),
+    }
 
     def one_step() -> None:
         i = state["i"] % steps
         decision = verifier.step(
-            seq_ids, features[i], num_draft, adaptive, state["prev"], no_release, batch
-        )
+            seq_ids, features[i], num_draft, adaptive, state["prev"], no_release, batch,
+            num_drafted=planned_drafts(state["plan"], features[i], num_draft),
+            adaptive_drafting=adaptive,
+        )  # fmt: skip
         state["prev"] = torch.div(decision.num_verify, 2, rounding_mode="floor").int()
+        state["plan"] = decision.draft_plan
         state["i"] += 1
 
     return one_step
@@ -156,13 +182,14 @@ def first_inputs(batch: int, k: int, prompt_length: int) -> StepInputs:
         random_seed=torch.arange(batch, dtype=torch.int64),
         prev_num_accepted=torch.zeros(0, dtype=torch.int32),
         release_seq_ids=torch.zeros(0, dtype=torch.int64),
+        adaptive_drafting=torch.ones(batch, dtype=torch.bool),
     )
 
 
-def next_inputs(
-    previous: StepInputs, output_ids: torch.Tensor, accepted: torch.Tensor
-) -> StepInputs:
-    """The scheduler's bookkeeping: commit accepted drafts + one token, feed them next step."""
+def next_inputs(previous: StepInputs, out: StepOutputs) -> StepInputs:
+    """The scheduler's bookkeeping: commit accepted drafts + one token, feed them next step,
+    with the drafting plan the step returned (on the CPU, as the scheduler carries it)."""
+    accepted, output_ids = out.num_accepted, out.output_ids
     gained = accepted.cpu() + 1
     return StepInputs(
         seq_ids=previous.seq_ids,
@@ -177,6 +204,8 @@ def next_inputs(
         random_seed=previous.random_seed,
         prev_num_accepted=accepted.cpu().int(),
         release_seq_ids=previous.release_seq_ids,
+        adaptive_drafting=previous.adaptive_drafting,
+        draft_plan=out.draft_plan.detach().cpu().float(),
     )
 
 
@@ -189,14 +218,15 @@ def bench_pipeline(batch: int, k: int, device: torch.device, steps: int, width: 
     step.verifier.check_values = False
     inputs = first_inputs(batch, k, prompt)
     out = step(inputs)  # warm-up: prefill, cost-table copies, kernels
-    inputs = next_inputs(inputs, out.output_ids, out.num_accepted)
+    inputs = next_inputs(inputs, out)
     synchronize(device)
-    tokens, verified, start = 0, 0, time.perf_counter()
+    tokens, verified, passes, start = 0, 0, 0, time.perf_counter()
     for _ in range(steps):
         out = step(inputs)
         tokens += int(out.num_accepted.sum()) + batch
         verified += int(out.num_verify.sum())
-        inputs = next_inputs(inputs, out.output_ids, out.num_accepted)
+        passes += int((out.draft_ms > 0).sum())
+        inputs = next_inputs(inputs, out)
     synchronize(device)
     seconds = time.perf_counter() - start
     return {
@@ -208,6 +238,7 @@ def bench_pipeline(batch: int, k: int, device: torch.device, steps: int, width: 
         "tokens_per_s": tokens / seconds,
         "tokens_per_step_per_sequence": tokens / (steps * batch),
         "verified_per_step_per_sequence": verified / (steps * batch),
+        "draft_passes_per_step": passes / steps,
     }
 
 

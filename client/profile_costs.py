@@ -1,14 +1,16 @@
-"""Measure the draft and verify cost tables of a model pair and write them as JSON.
+"""Measure the step cost (draft pass by rows, verify by tokens) of a model pair; write the file.
 
-The verifier's budget (spec section 4) divides expected tokens by measured cost:
-draft_cost[batch size] + verify_cost[target tokens]. This script times the real draft and
-target stages (avspec.tools.profiler) and writes
-
-    {"draft_cost": {"sizes": [...], "millis": [...]},
-     "verify_cost": {"sizes": [...], "millis": [...]}, "device": ..., "date": ..., ...}
+The verifier's budget and the draft's depth (spec section 4, avspec.av.drafting.plan_step) price a
+step as overhead + draft passes + verify, with StepCost (avspec.av.step_cost). This script times
+the real draft and target stages (avspec.tools.profiler): each point `--repeats` times after
+`--warmup` untimed calls, the median per size, an isotonic fit weighted by the samples; and
+writes the step-cost file (avspec.av.cost_file, format avspec-step-cost/1) with the raw samples
+under "measured". In-process there are no Triton hops: overhead_ms is --overhead-ms (default 0);
+measure the served path's with client/profile_serving_costs.py.
 
 Examples:
-    python client/profile_costs.py --output costs.json
+    python client/profile_costs.py --threads 1 --context 128 --output models/cost_tables.json \\
+        --plot bench/cost_tables.png
     python client/profile_costs.py --random-pair --device cuda --output costs_gpu.json
 """
 
@@ -17,15 +19,25 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
+import statistics
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from avspec.av.cost_file import load_step_cost, save_step_cost
+from avspec.av.step_cost import StepCost
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
-from avspec.tools.profiler import CostPoints, profile_draft_cost, profile_verify_cost
+from avspec.tools.profiler import (
+    CostPoints,
+    fit_tokens_and_rows,
+    profile_draft_pass,
+    profile_verify_cost,
+)
 
 RANDOM_TARGET = TransformerConfig(num_layers=4, width=256, num_heads=4)
 RANDOM_DRAFT = TransformerConfig(num_layers=1, width=96, num_heads=4)
@@ -34,8 +46,8 @@ RANDOM_DRAFT = TransformerConfig(num_layers=1, width=96, num_heads=4)
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        epilog="Sizes: draft cost is indexed by batch size, verify cost by total target tokens "
-        "(batch * (1 + verified drafts)).",
+        epilog="Sizes: the draft pass is indexed by rows (tokens in one draft forward), verify by "
+        "total target tokens (batch * (1 + verified drafts)).",
     )
     parser.add_argument("--target-dir", type=Path, default=Path("models/target"))
     parser.add_argument("--draft-dir", type=Path, default=Path("models/draft"))
@@ -45,10 +57,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="profile seeded random-weight models of the default sizes instead of model dirs",
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--max-draft-tokens", type=int, default=8, help="K (default 8)")
-    parser.add_argument("--draft-batch-sizes", default="1,2,4,8,16,32", help="comma list")
     parser.add_argument(
-        "--verify-batch-sizes", default="1,4,16", help="comma list; each verifies 0..K drafts"
+        "--max-draft-tokens", type=int, default=8, help="K (default 8): verify ladder 0..K "
+        "drafts per sequence; the draft pass is timed as (K passes - 1 pass) / (K - 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--draft-rows", "--draft-batch-sizes", dest="draft_rows", default="1,2,4,8,16,32,64",
+        help="comma list of rows per draft pass (1, 2, 4, ... up to the max batch)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--verify-batch-sizes", default="1,4,16,64", help="comma list; each verifies 0..K drafts"
     )
     parser.add_argument("--context", type=int, default=64, help="cached tokens per sequence")
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per point")
@@ -56,8 +74,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (1 is steadier on a busy box)"
     )
-    parser.add_argument("--output", type=Path, required=True, help="JSON file to write")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--overhead-ms", type=float, default=0.0,
+        help="per-step fixed cost to write (served path hops; 0 in-process)",
+    )  # fmt: skip
+    parser.add_argument("--output", type=Path, required=True, help="step-cost JSON to write")
+    parser.add_argument("--plot", type=Path, default=None, help="also draw the tables (PNG)")
+    args = parser.parse_args(argv)
+    try:
+        args.draft_rows = [int(s) for s in args.draft_rows.split(",") if s]
+        args.verify_batch_sizes = [int(s) for s in args.verify_batch_sizes.split(",") if s]
+    except ValueError:
+        parser.error("--draft-rows and --verify-batch-sizes take comma lists of integers")
+    if args.max_draft_tokens < 2:
+        parser.error("--max-draft-tokens must be >= 2 (the draft pass is a difference)")
+    if not (args.overhead_ms >= 0 and args.overhead_ms < float("inf")):
+        parser.error("--overhead-ms must be finite and >= 0")
+    return args
 
 
 def load_pair(args: argparse.Namespace) -> tuple[Transformer, Transformer, str]:
@@ -82,42 +115,129 @@ def device_name(device: str) -> str:
     return f"cpu {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
 
 
-def print_table(title: str, unit: str, points: CostPoints) -> None:
-    print(f"\n{title}\n{unit:>10}  {'ms':>9}")
-    for size, ms in zip(points.sizes, points.millis, strict=True):
-        print(f"{size:>10}  {ms:>9.3f}")
+def print_table(title: str, unit: str, points: CostPoints, fitted: list[float]) -> None:
+    """One line per size: median, fit, samples, interquartile range of the samples."""
+    print(f"\n{title}\n{unit:>8}  {'median':>8}  {'fit':>8}  {'n':>3}  {'iqr':>15}")
+    samples = points.samples or [[m] for m in points.millis]
+    for size, ms, fit, raw in zip(points.sizes, points.millis, fitted, samples, strict=True):
+        low, high = _quartiles(raw)
+        print(f"{size:>8}  {ms:>8.3f}  {fit:>8.3f}  {len(raw):>3}  {low:>7.3f}-{high:<7.3f}")
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4)
+    return q[0], q[2]
+
+
+def _rounded(points: CostPoints) -> dict:
+    """to_dict with the samples rounded to 1 us (the file stays readable)."""
+    out = points.to_dict()
+    if "samples" in out:
+        out["samples"] = [[round(x, 4) for x in s] for s in out["samples"]]
+    return out
+
+
+def plot_step_cost(document: dict, path: Path) -> None:
+    """Raw samples, medians and the isotonic fit of both tables of a step-cost document."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    measured = document["measured"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    panels = (("draft_pass", "draft pass (one forward + sampling)", "rows"),
+              ("verify", "verify (target stage)", "target tokens"))  # fmt: skip
+    for ax, (name, title, unit) in zip(axes, panels, strict=True):
+        raw = measured[name]
+        for size, samples in zip(raw["sizes"], raw.get("samples", []), strict=False):
+            ax.scatter([size] * len(samples), samples, s=6, color="0.7", zorder=1)
+        ax.scatter([], [], s=6, color="0.7", label="samples")
+        ax.plot(raw["sizes"], raw["millis"], "o", color="tab:blue", ms=4, label="median", zorder=2)
+        batches = sorted({s["batch"] for s in raw.get("shapes", [])})
+        for marker, batch in zip("v^<>sdph", batches, strict=False):
+            shapes = [s for s in raw["shapes"] if s["batch"] == batch]
+            ax.plot([s["size"] for s in shapes], [s["median_ms"] for s in shapes], marker,
+                    mfc="none", ms=6, label=f"batch {batch}", zorder=2)  # fmt: skip
+        fit = document[name]
+        ax.plot(fit["sizes"], fit["millis"], "-", color="tab:red", label="isotonic fit", zorder=3)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))  # 64, not 2^6
+        ax.set_xlabel(unit)
+        ax.set_ylabel("ms")
+        ax.set_title(title, fontsize=10)
+        top = max(fit["millis"]) * 1.6
+        ax.set_ylim(0, top)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(
+        f"{measured.get('models', '')} on {measured.get('device', '')}, "
+        f"{measured.get('repeats')} repeats, overhead {document['overhead_ms']:.2f} ms "
+        "(samples above the axis clipped)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    draft_sizes = [int(s) for s in args.draft_batch_sizes.split(",") if s]
-    verify_sizes = [int(s) for s in args.verify_batch_sizes.split(",") if s]
     target, draft, what = load_pair(args)
     k = args.max_draft_tokens
     common = {"context_length": args.context, "repeats": args.repeats, "warmup": args.warmup}
-    with tqdm(total=len(draft_sizes) + len(verify_sizes) * (k + 1), desc="profiling") as bar:
-        draft_cost = profile_draft_cost(
-            draft, k, draft_sizes, on_point=lambda *_: bar.update(), **common
+    total = len(set(args.draft_rows)) + len(set(args.verify_batch_sizes)) * (k + 1)
+    begin = time.perf_counter()
+    with tqdm(total=total, desc="profiling", unit="point") as bar:
+        draft_pass = profile_draft_pass(
+            draft, args.draft_rows, passes=k, on_point=lambda *_: bar.update(), **common
         )
-        verify_cost = profile_verify_cost(
-            target, k, verify_sizes, on_point=lambda *_: bar.update(), **common
+        verify = profile_verify_cost(
+            target, k, args.verify_batch_sizes, on_point=lambda *_: bar.update(), **common
         )
-    result = {
-        "draft_cost": draft_cost.to_dict(),
-        "verify_cost": verify_cost.to_dict(),
+    seconds = time.perf_counter() - begin
+    cost = StepCost(draft_pass.table("draft_pass"), verify.table("verify"), args.overhead_ms)
+    measured = {
+        "command": shlex.join(["python", "client/profile_costs.py", *argv]),
         "device": device_name(args.device),
+        "threads": torch.get_num_threads(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": round(seconds, 1),
         "models": what,
         "max_draft_tokens": k,
         "context_length": args.context,
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "overhead": "--overhead-ms (in-process: no served-path hops)",
+        "draft_pass": _rounded(draft_pass),
+        "verify": _rounded(verify),
+        "verify_by_tokens_and_rows": fit_tokens_and_rows(verify.extra["shapes"]),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{what} on {result['device']}")
-    print_table(f"draft cost ({k} drafts per sequence)", "batch", draft_cost)
-    print_table("verify cost (target stage)", "tokens", verify_cost)
+    save_step_cost(args.output, cost, measured)
+    print(f"{what} on {measured['device']}, {seconds:.0f} s")
+    print_table(f"draft pass (one forward of `rows` tokens, from {k} vs 1 passes)", "rows",
+                draft_pass, cost.draft_pass.millis)  # fmt: skip
+    fixed = ", ".join(f"{r}: {f:.3f}" for r, f in zip(draft_pass.sizes,
+                      draft_pass.extra["stage_fixed_ms"], strict=True))  # fmt: skip
+    print(f"draft stage per-call ms besides its passes (not in the tables), by rows: {fixed}")
+    print_table("verify (target stage)", "tokens", verify, cost.verify.millis)
+    fit = measured["verify_by_tokens_and_rows"]
+    print(f"verify ~ {fit['fixed_ms']:.2f} + {fit['per_token_ms']:.3f} * tokens + "
+          f"{fit['per_row_ms']:.3f} * rows ms (largest error over the shapes: "
+          f"{fit['max_rel_error_with_rows']:.0%}; by tokens alone "
+          f"{fit['max_rel_error_tokens_only']:.0%})")  # fmt: skip
+    print(f"overhead_ms {cost.overhead_ms:.3f}")
+    load_step_cost(args.output)  # what the verifier will load must load
+    if args.plot is not None:
+        plot_step_cost(json.loads(args.output.read_text()), args.plot)
+        print(f"plotted {args.plot}")
     print(f"\nwrote {args.output}")
     return 0
 

@@ -63,7 +63,7 @@ class StepOutputs:
     num_accepted: torch.Tensor  # [batch] int32; the sequence gains num_accepted + 1 tokens
     num_verify: torch.Tensor  # [batch] int32, drafts the verifier admitted
     # [3 + K] float32, the plan of the next step (avspec.av.drafting); empty: none
-    draft_plan: torch.Tensor = field(default_factory=lambda: _empty(torch.float32))
+    next_draft_plan: torch.Tensor = field(default_factory=lambda: _empty(torch.float32))
     draft_ms: torch.Tensor = field(default_factory=lambda: _empty(torch.float32))  # [K] ms per pass
     # [batch] int32, drafts the draft stage produced (<= num_draft_tokens); empty: not reported
     num_drafted: torch.Tensor = field(default_factory=lambda: _empty(torch.int32))

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import torch
 
+from avspec.av.cost_file import save_step_cost
+from avspec.av.cost_table import CostTable
+from avspec.av.step_cost import StepCost
 from avspec.runtime.model_dir import save_model_dir
 from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.runtime.transformer import Transformer, TransformerConfig
@@ -51,6 +54,17 @@ def save_tiny_pair(directory: Path, seed: int = 0) -> tuple[Path, Path]:
     save_model_dir(directory / "target", target, ByteTokenizer())
     save_model_dir(directory / "draft", draft, ByteTokenizer())
     return directory / "target", directory / "draft"
+
+
+def write_steep_draft_costs(path: Path) -> Path:
+    """A cost-tables file where a draft pass costs 30 ms and a verified token 0.05 ms."""
+    cost = StepCost(
+        CostTable([1, 64], [30.0, 31.0], name="draft_pass"),
+        CostTable([1, 4096], [5.0, 5.0 + 0.05 * 4095], name="verify"),
+        overhead_ms=2.0,
+    )
+    save_step_cost(path, cost, measured=None)
+    return path
 
 
 def stage_overrides(model_dir: Path) -> dict[str, object]:

@@ -3,7 +3,11 @@
 The copy points the draft and target at a tiny seeded model pair saved in a tmp directory (the
 target's weights plus small noise as the draft, so acceptance is partial), writes the estimator
 snapshot to tmp and refits every 10 steps so the coefficients move within a few requests.
-Every test that asks for `server` is marked `serving`.
+Its cost tables price a draft pass at 30 ms, far above a verified token, so the drafting plan
+binds (shallow depth, requests stopped below their cap) even on this well-matched pair, and
+the greedy identity test sees adaptive drafting actually change what is drafted (the online
+refresh is off, or it would bring the tables back to this machine's times). Every test
+that asks for `server` is marked `serving`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from helpers.server import (
     REPOSITORY,
     save_tiny_pair,
     stage_overrides,
+    write_steep_draft_costs,
 )
 
 from avspec.serving.repository import build_test_repository
@@ -42,7 +47,9 @@ def server(tmp_path_factory: pytest.TempPathFactory):
             "verifier": {
                 "refit_interval": REFIT_INTERVAL,
                 "snapshot_path": tmp / "estimator_snapshot.json",
-                "cost_tables": tmp / "no_cost_tables.json",
+                "cost_tables": write_steep_draft_costs(tmp / "cost_tables.json"),
+                "cost_refresh": "false",  # keep the steep tables: the refresh would follow
+                # this machine, where the tiny draft's pass costs well under a millisecond
             },
             "speculative": {"max_batch_size": 32, "max_context": MAX_LENGTH},
         },

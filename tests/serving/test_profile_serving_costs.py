@@ -1,4 +1,4 @@
-"""client/profile_serving_costs.py against the session's real server: tables the verifier loads."""
+"""client/profile_serving_costs.py against the session's real server: a step-cost file."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from helpers.client_scripts import load_profile_serving_costs
 
-from avspec.serving.adapters import load_cost_tables
+from avspec.av.cost_file import load_step_cost
 
 
 def test_cost_tables_from_triton_metrics(server, tmp_path: Path):
@@ -20,10 +20,13 @@ def test_cost_tables_from_triton_metrics(server, tmp_path: Path):
     ])  # fmt: skip
     assert rc == 0
     document = json.loads(out.read_text())
-    points = document["points"]
+    points = document["measured"]["points"]
     assert [(p["concurrency"], p["k"]) for p in points] == [(1, 0), (3, 0), (1, 4), (3, 4)]
     for p in points:
         assert p["steps"] >= 1 and p["draft_ms"] > 0 and p["target_ms"] > 0
+        # the step ensemble's own time covers both models' compute
+        assert p["step_ms"] >= p["draft_ms"] + p["target_ms"] - 1e-6
+        assert p["overhead_ms"] == p["step_ms"] - p["draft_ms"] - p["target_ms"]
         assert 1 <= p["sequences_per_step"] <= p["concurrency"]
         # every draft is verified: at most sequences * (1 + K) decode tokens, plus the prompts
         prefill = p["prompt_tokens"] / p["steps"]
@@ -33,6 +36,8 @@ def test_cost_tables_from_triton_metrics(server, tmp_path: Path):
         )
         assert p["prompt_tokens"] <= 16 * p["concurrency"]
     assert max(p["target_tokens_per_step"] for p in points if p["k"] == 4) > 3
-    draft_cost, verify_cost = load_cost_tables(out)
-    assert len(draft_cost.sizes) >= 1 and len(verify_cost.sizes) >= 2
-    assert document["max_draft_tokens"] == 4
+    cost = load_step_cost(out)
+    assert len(cost.draft_pass.sizes) >= 1 and len(cost.verify.sizes) >= 2
+    assert cost.overhead_ms >= 0
+    assert document["measured"]["max_draft_tokens"] == 4
+    assert len(document["measured"]["check"]["points"]) == 4

@@ -82,7 +82,8 @@ def test_tritonclient_grpc(server: ServerProcess, stream: bool) -> None:
 
 def _greedy(server: ServerProcess, prompt: str, mode: str) -> str:
     extra = {
-        "av_on": {"adaptive_verification": True},
+        "av_on": {"adaptive_verification": True, "adaptive_drafting": False},
+        "av_drafting": {"adaptive_verification": True, "adaptive_drafting": True},
         "av_off": {"adaptive_verification": False},
         "no_drafts": {"num_draft_tokens": 0},
     }[mode]
@@ -93,12 +94,16 @@ def _greedy(server: ServerProcess, prompt: str, mode: str) -> str:
 
 @pytest.mark.parametrize("concurrency", [1, 16])
 def test_greedy_identical_across_modes(server: ServerProcess, concurrency: int) -> None:
-    """Temperature 0: AV on, AV off and no speculation give the same text, token for token."""
+    """Temperature 0: AV on with and without adaptive drafting, AV off and no speculation give
+    the same text, token for token; adaptive drafting did stop some drafts early."""
     prompts = PROMPTS[:4] if concurrency == 1 else PROMPTS
     texts = {}
+    before = metric_value(scrape(server), "av_drafts_stopped_early_total")
     with ThreadPoolExecutor(concurrency) as pool:
-        for mode in ("av_on", "av_off", "no_drafts"):
+        for mode in ("av_drafting", "av_on", "av_off", "no_drafts"):
             texts[mode] = list(pool.map(lambda p, m=mode: _greedy(server, p, m), prompts))
+    assert metric_value(scrape(server), "av_drafts_stopped_early_total") > before
+    assert texts["av_drafting"] == texts["no_drafts"]
     assert texts["av_on"] == texts["no_drafts"]
     assert texts["av_off"] == texts["no_drafts"]
     assert all(len(t) == GREEDY_TOKENS for t in texts["no_drafts"])
@@ -126,7 +131,10 @@ def test_metrics_present_and_coefficients_move(server: ServerProcess) -> None:
         "av_drafted_tokens_total", "av_verified_tokens_total", "av_accepted_tokens_total",
         "av_trimmed_tokens_total", "av_step_batch_size_bucket", "av_live_sequences",
         "av_kv_live_sequences", "av_budget_fraction", "av_calibration_mean_predicted",
-        "av_calibration_observed_rate", "av_calibration_ece",
+        "av_calibration_observed_rate", "av_calibration_ece", "av_draft_passes_bucket",
+        "av_drafts_per_request_bucket", "av_drafts_stopped_early_total",
+        "av_draft_ms_saved_total", "av_cost_refreshes_total", "av_step_ms_predicted",
+        "av_step_ms_observed",
     ):  # fmt: skip
         assert name in names, f"{name} missing from /metrics"
     for position in range(K):

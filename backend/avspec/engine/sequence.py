@@ -136,7 +136,7 @@ class Carry:
         timing = torch.zeros(0)
         if draft_ms.numel() and target_ms.numel() == 1:
             timing = torch.cat([draft_ms, target_ms, torch.tensor([wall_ms])])
-        return cls(accepted, outputs.draft_plan.detach().cpu().float().reshape(-1), timing)
+        return cls(accepted, outputs.next_draft_plan.detach().cpu().float().reshape(-1), timing)
 
 
 def build_inputs(batch: list[SequenceState], releases: list[int], prev: Carry) -> StepInputs:

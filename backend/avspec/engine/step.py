@@ -61,7 +61,7 @@ class SpeculativeStep:
         outputs = self.target(
             inputs, drafted.draft_tokens, drafted.draft_probs, decision.num_verify
         )
-        outputs.draft_plan = decision.draft_plan
+        outputs.next_draft_plan = decision.draft_plan
         outputs.draft_ms = drafted.pass_ms
         outputs.num_drafted = drafted.num_drafted
         return outputs

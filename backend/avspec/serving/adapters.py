@@ -236,7 +236,7 @@ class VerifierAdapter:
         stats = step_stats(decision, prev_num_accepted, batch_size, refitted, num_drafted)
         outputs = {
             "num_verify": decision.num_verify.to(torch.int32),
-            "draft_plan": decision.draft_plan.float(),
+            "next_draft_plan": decision.draft_plan.float(),
         }
         return outputs, stats
 

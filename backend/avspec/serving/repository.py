@@ -61,7 +61,7 @@ STEP_OUTPUT_DTYPES: dict[str, type] = {
     "output_ids": np.int32,
     "num_accepted": np.int32,
     "num_verify": np.int32,
-    "draft_plan": np.float32,
+    "next_draft_plan": np.float32,
     "draft_ms": np.float32,
     "target_ms": np.float32,
     "num_drafted": np.int32,
@@ -195,7 +195,7 @@ def step_outputs_from_numpy(arrays: Mapping[str, np.ndarray]) -> StepOutputs:
     """Build StepOutputs from the ensemble's numpy outputs.
 
     output_ids, num_accepted and num_verify are required (KeyError); the stale state and timing
-    outputs (draft_plan, draft_ms, target_ms, num_drafted) default to empty when absent.
+    outputs (next_draft_plan, draft_ms, target_ms, num_drafted) default to empty when absent.
     """
     required = ("output_ids", "num_accepted", "num_verify")
     missing = [name for name in required if name not in arrays]

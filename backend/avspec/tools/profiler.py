@@ -8,11 +8,13 @@
   (t_passes - t_1) / (passes - 1) and the stage's own per-call cost is t_1 - pass (reported, not
   in the table: a step pays it once, whatever it drafts).
 
-Every sequence first gets `context_length` prompt tokens; each timed call then starts from the
-same cached context (the cache rule rolls back whatever the previous call appended), so repeats
-are identical. Each point keeps all `repeats` timed samples after `warmup` untimed calls; its
-cost is their median and its weight in the isotonic fit (CostTable) the number of samples. CUDA
-is synchronised around each call.
+Every sequence first gets `context_length` prompt tokens (each batch of the ladder its own
+sequences); each timed call then starts from the same cached context (the cache rule rolls back
+whatever the previous call appended), so repeats are identical. The points are timed round-robin
+(`interleaved_ms`: `warmup` untimed rounds, then `repeats` rounds each timing every point once),
+so load from elsewhere spreads over all points instead of lifting the few it coincides with.
+Each point keeps its samples; its cost is their median and its weight in the isotonic fit
+(CostTable) the number of samples. CUDA is synchronised around each call.
 """
 
 from __future__ import annotations
@@ -86,28 +88,31 @@ def profile_verify_cost(
     of them); extra["shapes"] lists each pair's median. on_point(size, median ms) per pair.
     """
     _check_ladder(batch_sizes, context_length, repeats, warmup)
-    stage = TargetStage(model, _cache(model, max(batch_sizes), context_length, max_draft_tokens),
+    batches = sorted(set(batch_sizes))
+    stage = TargetStage(model, _cache(model, sum(batches), context_length, max_draft_tokens),
                         max_draft_tokens, check_values=False)  # fmt: skip
     device, vocab = stage.device, model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
-    measured: dict[int, list[float]] = {}
-    shapes = []
-    for batch in sorted(set(batch_sizes)):
-        _prefill(stage, batch, context_length, max_draft_tokens, gen)
-        inputs = _decode_inputs(batch, context_length, max_draft_tokens, gen)
+    calls, shapes = [], []
+    for batch, first in zip(batches, _first_ids(batches), strict=True):
+        _prefill(stage, batch, context_length, max_draft_tokens, gen, first)
+        inputs = _decode_inputs(batch, context_length, max_draft_tokens, gen, first)
         drafts = torch.randint(0, vocab, (batch, max_draft_tokens), generator=gen).to(device)
         probs = torch.full((batch, max_draft_tokens, vocab), 1.0 / vocab, device=device)
         for n in range(max_draft_tokens + 1):
             verify = torch.full((batch,), n, dtype=torch.int32, device=device)
-            call = partial(stage, inputs, drafts, probs, verify)
-            times = sample_ms(call, repeats, warmup, device)
-            size = batch * (1 + n)
-            measured.setdefault(size, []).extend(times)
-            shapes.append({"batch": batch, "drafts": n, "size": size,
-                           "median_ms": statistics.median(times)})  # fmt: skip
-            if on_point is not None:
-                on_point(size, statistics.median(times))
-        stage.slots.release(list(range(1, batch + 1)))
+            calls.append((partial(stage, inputs, drafts, probs, verify),))
+            shapes.append({"batch": batch, "drafts": n, "size": batch * (1 + n)})
+
+    def done(index: int, times: list[list[float]]) -> None:
+        shapes[index]["median_ms"] = statistics.median(times[0])
+        if on_point is not None:
+            on_point(shapes[index]["size"], shapes[index]["median_ms"])
+
+    timed = interleaved_ms(calls, repeats, warmup, device, on_done=done)
+    measured: dict[int, list[float]] = {}
+    for shape, (times,) in zip(shapes, timed, strict=True):
+        measured.setdefault(shape["size"], []).extend(times)
     return CostPoints.from_samples(measured, {"shapes": shapes})
 
 
@@ -130,32 +135,99 @@ def profile_draft_pass(
     _check_ladder(rows, context_length, repeats, warmup)
     if passes < 2:
         raise ValueError(f"passes must be >= 2 (a pass is timed as a difference), got {passes}")
-    stage = DraftStage(model, _cache(model, max(rows), context_length, passes), passes,
+    ladder = sorted(set(rows))
+    stage = DraftStage(model, _cache(model, sum(ladder), context_length, passes), passes,
                        check_values=False)  # fmt: skip
     gen = torch.Generator().manual_seed(0)
-    measured: dict[int, list[float]] = {}
-    one_pass, all_passes, fixed = [], [], []
-    for batch in sorted(set(rows)):
-        _prefill(stage, batch, context_length, passes, gen)
-        inputs = _decode_inputs(batch, context_length, passes, gen)
+    calls = []
+    for batch, first in zip(ladder, _first_ids(ladder), strict=True):
+        _prefill(stage, batch, context_length, passes, gen, first)
+        inputs = _decode_inputs(batch, context_length, passes, gen, first)
         short = replace(inputs, num_draft_tokens=torch.ones_like(inputs.num_draft_tokens))
-        t_one, t_all = sample_pair_ms(
-            partial(stage, short), partial(stage, inputs), repeats, warmup, stage.device
-        )
-        measured[batch] = [(b - a) / (passes - 1) for a, b in zip(t_one, t_all, strict=True)]
-        pass_ms = statistics.median(measured[batch])
-        one_pass.append(statistics.median(t_one))
-        all_passes.append(statistics.median(t_all))
-        fixed.append(one_pass[-1] - pass_ms)
+        calls.append((partial(stage, short), partial(stage, inputs)))
+
+    def pass_samples(pair: list[list[float]]) -> list[float]:
+        return [(b - a) / (passes - 1) for a, b in zip(pair[0], pair[1], strict=True)]
+
+    def done(index: int, pair: list[list[float]]) -> None:
         if on_point is not None:
-            on_point(batch, pass_ms)
-        stage.slots.release(list(range(1, batch + 1)))
+            on_point(ladder[index], statistics.median(pass_samples(pair)))
+
+    timed = interleaved_ms(calls, repeats, warmup, stage.device, on_done=done)
+    measured = {batch: pass_samples(pair) for batch, pair in zip(ladder, timed, strict=True)}
+    one_pass = [statistics.median(pair[0]) for pair in timed]
+    all_passes = [statistics.median(pair[1]) for pair in timed]
+    fixed = [t - statistics.median(measured[b]) for t, b in zip(one_pass, ladder, strict=True)]
     extra = {"passes": passes, "one_pass_ms": one_pass, "all_passes_ms": all_passes,
              "stage_fixed_ms": fixed}  # fmt: skip
     points = CostPoints.from_samples(measured, extra)
     # A difference of two noisy times can dip below 0 for a tiny model: a pass is never free.
     points.millis = [max(m, 0.0) for m in points.millis]
     return points
+
+
+def interleaved_ms(
+    calls: Sequence[tuple[Callable[[], object], ...]],
+    repeats: int,
+    warmup: int,
+    device: torch.device | str,
+    on_done: Callable[[int, list[list[float]]], None] | None = None,
+) -> list[list[list[float]]]:
+    """Samples of every call of every point, round-robin: a round times each point once (its
+    calls back to back), so a burst of load from elsewhere lands on all points alike instead
+    of on the few measured during it. `warmup` untimed rounds first. Returns, per point, per
+    call, `repeats` ms; on_done(point index, its samples) after the last round, in order."""
+    for _ in range(warmup):
+        for group in calls:
+            for call in group:
+                call()
+    timed: list[list[list[float]]] = [[[] for _ in group] for group in calls]
+    for _ in range(repeats):
+        for group, samples in zip(calls, timed, strict=True):
+            for call, out in zip(group, samples, strict=True):
+                out.append(_time_ms(call, device))
+    if on_done is not None:
+        for index, samples in enumerate(timed):
+            on_done(index, samples)
+    return timed
+
+
+def _first_ids(batches: Sequence[int]) -> list[int]:
+    """First sequence id of each batch: disjoint ranges 1.., so every batch keeps its cache."""
+    firsts, next_id = [], 1
+    for batch in batches:
+        firsts.append(next_id)
+        next_id += batch
+    return firsts
+
+
+def fit_tokens_and_rows(shapes: Sequence[dict]) -> dict[str, float]:
+    """Least squares ms ~ fixed + per_token * size + per_row * batch over `shapes` (dicts with
+    "batch", "size", "median_ms", as profile_verify_cost's extra["shapes"]).
+
+    A diagnostic of how much the target's cost depends on rows besides tokens (per-row sampling
+    and attention over each row's cached context), which a table by tokens alone cannot hold.
+    "max_rel_error_tokens_only" / "max_rel_error_with_rows": the largest relative error over the
+    shapes of the fit without and with the rows term. Needs 3 shapes with distinct
+    (size, batch); otherwise per_row_ms is 0 and the fit is by tokens alone.
+    """
+    ms = torch.tensor([float(s["median_ms"]) for s in shapes], dtype=torch.float64)
+    size = torch.tensor([float(s["size"]) for s in shapes], dtype=torch.float64)
+    rows = torch.tensor([float(s["batch"]) for s in shapes], dtype=torch.float64)
+    ones = torch.ones_like(ms)
+    tokens_only = torch.stack([ones, size], 1)
+    with_rows = torch.stack([ones, size, rows], 1)
+    out: dict[str, float] = {}
+    coef_t = torch.linalg.lstsq(tokens_only, ms[:, None], driver="gelsd").solution[:, 0]
+    distinct = len({(float(a), float(b)) for a, b in zip(size, rows, strict=True)})
+    if distinct >= 3 and torch.linalg.matrix_rank(with_rows) == 3:
+        coef = torch.linalg.lstsq(with_rows, ms[:, None], driver="gelsd").solution[:, 0]
+    else:
+        coef = torch.cat([coef_t, torch.zeros(1, dtype=torch.float64)])
+    out["fixed_ms"], out["per_token_ms"], out["per_row_ms"] = (float(c) for c in coef)
+    for name, pred in (("tokens_only", tokens_only @ coef_t), ("with_rows", with_rows @ coef)):
+        out[f"max_rel_error_{name}"] = float(((pred - ms).abs() / ms).max())
+    return out
 
 
 def _check_ladder(batch_sizes: Sequence[int], context_length: int, repeats: int, warmup: int):
@@ -172,15 +244,15 @@ def _cache(model: Transformer, sequences: int, context: int, k: int) -> KVCache:
     return model.new_cache(sequences, context + k + 2)
 
 
-def _inputs(seq_tokens: torch.Tensor, start: int, k: int) -> StepInputs:
-    """StepInputs for sequences 1..batch, all with input_ids seq_tokens [batch, seq]."""
+def _inputs(seq_tokens: torch.Tensor, start: int, k: int, first: int = 1) -> StepInputs:
+    """StepInputs for sequences first..first+batch-1, all with input_ids seq_tokens [batch, seq]."""
     batch, length = seq_tokens.shape
 
     def fill(value: float, dtype: torch.dtype) -> torch.Tensor:
         return torch.full((batch,), value, dtype=dtype)
 
     return StepInputs(
-        seq_ids=torch.arange(1, batch + 1, dtype=torch.int64),
+        seq_ids=torch.arange(first, first + batch, dtype=torch.int64),
         input_ids=seq_tokens.int(),
         input_lengths=fill(length, torch.int32),
         start_positions=fill(start, torch.int32),
@@ -195,9 +267,11 @@ def _inputs(seq_tokens: torch.Tensor, start: int, k: int) -> StepInputs:
     )
 
 
-def _prefill(stage: DraftStage | TargetStage, batch: int, context: int, k: int, gen) -> None:
-    """Give sequences 1..batch `context` cached tokens (the target verifies nothing)."""
-    inputs = _inputs(torch.randint(0, 256, (batch, context), generator=gen), 0, k)
+def _prefill(
+    stage: DraftStage | TargetStage, batch: int, context: int, k: int, gen, first: int = 1
+) -> None:
+    """Give sequences first..first+batch-1 `context` cached tokens (the target verifies none)."""
+    inputs = _inputs(torch.randint(0, 256, (batch, context), generator=gen), 0, k, first)
     if isinstance(stage, DraftStage):
         stage(inputs)
         return
@@ -207,8 +281,10 @@ def _prefill(stage: DraftStage | TargetStage, batch: int, context: int, k: int, 
     stage(inputs, drafts, probs, torch.zeros(batch, dtype=torch.int32, device=device))
 
 
-def _decode_inputs(batch: int, context: int, k: int, gen: torch.Generator) -> StepInputs:
-    return _inputs(torch.randint(0, 256, (batch, 1), generator=gen), context, k)
+def _decode_inputs(
+    batch: int, context: int, k: int, gen: torch.Generator, first: int = 1
+) -> StepInputs:
+    return _inputs(torch.randint(0, 256, (batch, 1), generator=gen), context, k, first)
 
 
 def sample_ms(
@@ -218,21 +294,6 @@ def sample_ms(
     for _ in range(warmup):
         call()
     return [_time_ms(call, device) for _ in range(repeats)]
-
-
-def sample_pair_ms(
-    first: Callable[[], object],
-    second: Callable[[], object],
-    repeats: int,
-    warmup: int,
-    device: torch.device | str,
-) -> tuple[list[float], list[float]]:
-    """Samples of two calls interleaved (first, second, first, ...): drifts hit both alike."""
-    for _ in range(warmup):
-        first()
-        second()
-    pairs = [(_time_ms(first, device), _time_ms(second, device)) for _ in range(repeats)]
-    return [a for a, _ in pairs], [b for _, b in pairs]
 
 
 def median_ms(

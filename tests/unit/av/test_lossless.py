@@ -6,8 +6,10 @@ each request starts from a context token. One step per trial, vectorised over tr
 
 1. draft x1 ~ Q[context], x2 ~ Q[x1];
 2. confidences c_i = sigmoid(w * logit_qmax(q_i) + b_i) (q_i depends on x_<i only), survival;
-3. a budget: from the PREVIOUS step's survival values (an independent earlier draw of the same
-   requests: the real pipeline's stale scores), from THIS step's values (broken), or fixed;
+3. a budget: `plan_step` on the PREVIOUS step's survival values (an independent earlier draw of
+   the same requests: the real pipeline's stale scores), `plan_step` on THIS step's values
+   (broken), or fixed. Every request is adaptive and drafts to its cap (adaptive_drafting off),
+   with a zero draft-pass table: the verify-only budget of spec section 4;
 4. top-budget admission (avspec.av.survival), then rejection sampling (avspec.engine.rejection);
 5. the first two emitted tokens (y1, y2); if only y1 was emitted, y2 is drawn from P[y1], which is
    what the target alone samples next.
@@ -24,9 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from avspec.av.budget import choose_budget
+from avspec.av.budget import plan_step
 from avspec.av.cost_table import CostTable
 from avspec.av.features import logit_qmax
+from avspec.av.step_cost import StepCost
 from avspec.av.survival import admit, survival
 from avspec.engine.rejection import rejection_sample_from_noise
 
@@ -63,15 +66,18 @@ def _q_rows(world: World, x1: torch.Tensor) -> torch.Tensor:
     return torch.stack([world.draft[context], world.draft[x1]], dim=-2)
 
 
-def _budget_table(world: World, draft_cost: CostTable, verify_cost: CostTable, base: int):
-    """Budget for each combination of the requests' x1 (index sum x1_r V^r), from survival."""
+def _budget_table(world: World, cost: StepCost, base: int):
+    """plan_step's budget for each combination of the requests' x1 (index sum x1_r V^r), from
+    the survival rows [batch, K] that combination gives."""
     batch = len(world.contexts)
     combos = torch.tensor(list(itertools.product(range(V), repeat=batch))).flip(-1)
     conf = _confidences(world, _q_rows(world, combos), combos, sampled=False)
-    ndt = torch.tensor(world.num_draft_tokens).expand(len(combos), batch)
-    values, _ = survival(conf, ndt)
+    caps = torch.tensor(world.num_draft_tokens)
+    values, _ = survival(conf, caps.expand(len(combos), batch))
+    adaptive = torch.ones(batch, dtype=torch.bool)
+    fixed_drafting = torch.zeros(batch, dtype=torch.bool)
     return torch.stack(
-        [choose_budget(v.flatten(), batch, base, draft_cost, verify_cost) for v in values]
+        [plan_step(v, caps, adaptive, fixed_drafting, base, cost).budget for v in values]
     )
 
 
@@ -91,7 +97,7 @@ def run_step(
     *,
     budget_mode: str,
     sampled_feature: bool = False,
-    costs: tuple[CostTable, CostTable, int] | None = None,
+    costs: tuple[StepCost, int] | None = None,
     fixed_budget: int = 0,
 ) -> torch.Tensor:
     """Counts [batch, V, V] of the first two emitted tokens over `trials` seeded trials."""
@@ -112,6 +118,14 @@ def run_step(
         table = _budget_table(world, *costs)
         previous_x1 = _draw(world.draft[context], gen)  # last step's drafts: independent of x1
         budget = table[_combo(previous_x1 if budget_mode == "stale" else x1)]
+        if budget_mode == "current" and not sampled_feature:
+            # The table is plan_step on this step's own survival rows (spot-checked).
+            cost, base = costs
+            caps = torch.tensor(world.num_draft_tokens)
+            on = torch.ones(batch, dtype=torch.bool)
+            for t in range(min(trials, 32)):
+                plan = plan_step(values[t], caps, on, ~on, base, cost)
+                assert int(plan.budget) == int(budget[t])
     num_verify = admit(values, candidates, budget)  # [trials, batch]
 
     rows = trials * batch
@@ -160,7 +174,9 @@ MIXED = World(
     slope=0.5,
     intercepts=[0.3, -0.2],
 )
-MIXED_COSTS = (CostTable([1, 8], [0.5, 0.5]), CostTable.linear(1.0, 0.35, 16), 3)
+# A zero draft-pass table and a fixed 0.5 ms overhead: the budget is the verify-only one.
+FREE_DRAFT = CostTable([1], [0.0], name="draft_pass")
+MIXED_COSTS = (StepCost(FREE_DRAFT, CostTable.linear(1.0, 0.35, 16), overhead_ms=0.5), 3)
 
 
 def test_correct_pipeline_matches_target_with_binding_stale_budget():
@@ -213,7 +229,7 @@ STAIRCASE_WORLD = World(
     slope=0.5,
     intercepts=[0.5 * 1.3862944, -1.5],  # c1 = sigmoid(0.5 logit 0.8 + 0.69) = 0.8
 )
-STAIRCASE_COSTS = (CostTable([1], [0.0]), CostTable([1, 2, 3], [1.0, 2.0, 2.0]), 1)
+STAIRCASE_COSTS = (StepCost(FREE_DRAFT, CostTable([1, 2, 3], [1.0, 2.0, 2.0])), 1)
 
 
 def test_staircase_current_budget_is_biased():

@@ -1,32 +1,41 @@
-"""Tests for avspec.av.verifier: stale budget, admission, labelling, release, bad input."""
+"""Tests for avspec.av.verifier: stale budget, admission, labelling, release, drafting plan,
+adaptive drafting inputs (num_drafted, stale extrapolation), bad input."""
 
 import copy
 
 import pytest
 import torch
 
-from avspec.av.budget import choose_budget
+from avspec.av.budget import StepPlan, plan_step
 from avspec.av.cost_table import CostTable
+from avspec.av.drafting import DraftPlan
 from avspec.av.estimator import AcceptanceEstimator
+from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
 
 K = 3
-DRAFT = CostTable([1], [0.0], name="draft")
+# A zero draft-pass table: with no row drafting adaptively the budget is the verify-only one.
+DRAFT = CostTable([1], [0.0], name="draft_pass")
 STEEP = CostTable.linear(fixed_ms=1.0, per_unit_ms=0.5, max_size=32, name="verify")
+COST = StepCost(DRAFT, STEEP)
 
 
-def _verifier(verify_cost=STEEP, refit_interval=100):
-    config = EstimatorConfig(num_positions=K, refit_interval=refit_interval)
-    return AdaptiveVerifier(AcceptanceEstimator(config), DRAFT, verify_cost)
+def _verifier(verify_cost=STEEP, refit_interval=100, num_positions=K, cost=None, **kwargs):
+    config = EstimatorConfig(num_positions=num_positions, refit_interval=refit_interval)
+    cost = StepCost(DRAFT, verify_cost) if cost is None else cost
+    return AdaptiveVerifier(AcceptanceEstimator(config), cost, **kwargs)
 
 
-def _args(ids, features, ndt=None, adaptive=None, prev=(), release=(), base=None):
+def _args(
+    ids, features, ndt=None, adaptive=None, prev=(), release=(), base=None, drafted=None,
+    drafting=None, k=K,
+):  # fmt: skip
     batch = len(ids)
-    return dict(
+    args = dict(
         seq_ids=torch.tensor(ids, dtype=torch.int64),
-        features=torch.as_tensor(features, dtype=torch.float32).reshape(batch, K),
-        num_draft_tokens=torch.tensor(ndt if ndt is not None else [K] * batch, dtype=torch.int64),
+        features=torch.as_tensor(features, dtype=torch.float32).reshape(batch, k),
+        num_draft_tokens=torch.tensor(ndt if ndt is not None else [k] * batch, dtype=torch.int64),
         adaptive=torch.tensor(
             adaptive if adaptive is not None else [True] * batch, dtype=torch.bool
         ),
@@ -34,6 +43,29 @@ def _args(ids, features, ndt=None, adaptive=None, prev=(), release=(), base=None
         release_seq_ids=torch.tensor(list(release), dtype=torch.int64),
         base_tokens=batch if base is None else base,
     )
+    if drafted is not None:
+        args["num_drafted"] = torch.tensor(drafted, dtype=torch.int64)
+    if drafting is not None:
+        args["adaptive_drafting"] = torch.tensor(drafting, dtype=torch.bool)
+    return args
+
+
+def _plan(stale, ndt, base, adaptive=None, drafting=None, cost=COST) -> StepPlan:
+    """plan_step on stale rows [batch, position] (host lists or a tensor)."""
+    stale = torch.as_tensor(stale, dtype=torch.float32)
+    batch = stale.shape[0]
+    return plan_step(
+        stale,
+        torch.tensor(ndt, dtype=torch.int64),
+        torch.tensor(adaptive if adaptive is not None else [True] * batch, dtype=torch.bool),
+        torch.tensor(drafting if drafting is not None else [False] * batch, dtype=torch.bool),
+        base,
+        cost,
+    )
+
+
+def _budget(stale, ndt, base, **kwargs) -> int:
+    return int(_plan(stale, ndt, base, **kwargs).budget)
 
 
 def _sigmoid(x):
@@ -59,20 +91,21 @@ def test_budget_comes_from_previous_step_survival():
     first = verifier.step(**_args([1, 2], [[3.0, 1.0, -2.0], [0.0, -1.0, -3.0]]))
     # Step 2: very confident features now; the budget must still use step 1's values.
     second = verifier.step(**_args([2, 1], [[9.0] * 3, [9.0] * 3], prev=[1, 0]))
-    stale = torch.cat([first.survival[1], first.survival[0]])
-    want = choose_budget(stale, 2, 2, DRAFT, STEEP)
-    assert int(second.budget) == int(want)
-    current = choose_budget(second.survival.flatten(), 2, 2, DRAFT, STEEP)
-    assert int(current) != int(want)  # the case distinguishes stale from current
-    assert int(second.verified) == min(int(want), 6)
+    stale = torch.stack([first.survival[1], first.survival[0]])  # rows follow the new order
+    want = _budget(stale, [3, 3], 2)
+    assert int(second.budget) == want
+    current = _budget(second.survival, [3, 3], 2)
+    assert current != want  # the case distinguishes stale from current
+    assert int(second.verified) == min(want, 6)
 
 
 def test_new_sequence_among_old_ones_scores_one():
     verifier = _verifier()
     first = verifier.step(**_args([1], [[-3.0, -3.0, -3.0]]))
     second = verifier.step(**_args([1, 5], [[0.0] * 3, [0.0] * 3], prev=[0]))
-    stale = torch.cat([first.survival[0], torch.ones(3)])
-    assert int(second.budget) == int(choose_budget(stale, 2, 2, DRAFT, STEEP))
+    stale = torch.stack([first.survival[0], torch.ones(3)])
+    assert int(second.budget) == _budget(stale, [3, 3], 2)
+    assert int(second.budget) != _budget(torch.stack([first.survival[0]] * 2), [3, 3], 2)
 
 
 def test_non_adaptive_requests_verify_everything_and_raise_base_tokens():
@@ -81,9 +114,11 @@ def test_non_adaptive_requests_verify_everything_and_raise_base_tokens():
         **_args([1, 2, 3], [[-5.0] * 3] * 3, ndt=[3, 2, 3], adaptive=[False, True, False], base=3)
     )
     assert decision.num_verify[0] == 3 and decision.num_verify[2] == 3
-    want = choose_budget(torch.ones(2), 3, 3 + 6, DRAFT, STEEP)
-    assert int(decision.budget) == int(want)
-    assert int(decision.num_verify[1]) == min(int(want), 2)
+    # New sequences: stale 1.0 everywhere; only row 1's two drafts compete, T = 3 + 6.
+    want = _budget(torch.ones(3, 3), [3, 2, 3], 3, adaptive=[False, True, False])
+    assert int(decision.budget) == want
+    assert want == _budget(torch.ones(3, 3), [0, 2, 0], 3 + 6)  # their drafts count in T
+    assert int(decision.num_verify[1]) == min(want, 2)
 
 
 def test_trimming_keeps_best_prefixes_when_budget_binds():
@@ -118,9 +153,9 @@ def test_stored_rows_follow_a_change_of_draft_length():
     second = verifier.step(**_args([1], [[0.0] * 3], prev=[0]))
     last = first.survival[0, 1]
     stale = torch.stack([first.survival[0, 0], last, last])  # last value carried forward
-    assert int(second.budget) == int(choose_budget(stale, 1, 1, DRAFT, STEEP))
+    assert int(second.budget) == _budget(stale[None], [3], 1)
     back = verifier.step(**(two | {"prev_num_accepted": torch.tensor([0])}))
-    assert int(back.budget) == int(choose_budget(second.survival[0, :2], 1, 1, DRAFT, STEEP))
+    assert int(back.budget) == _budget(second.survival[:, :2], [2], 1)
 
 
 def test_observe_accumulates_labels():
@@ -161,7 +196,7 @@ def test_released_sequence_counts_as_new():
     verifier = _verifier()
     verifier.step(**_args([1], [[-6.0] * 3]))
     again = verifier.step(**_args([1], [[0.0] * 3], prev=[0], release=[1]))
-    assert int(again.budget) == int(choose_budget(torch.ones(3), 1, 1, DRAFT, STEEP))
+    assert int(again.budget) == _budget(torch.ones(1, 3), [3], 1)
 
 
 def test_empty_batch_releases_and_labels():
@@ -208,6 +243,24 @@ BAD_CASES = [
     ({"prev_num_accepted": torch.tensor([-100, 0])}, "prev_num_accepted must lie"),
     ({"prev_num_accepted": torch.tensor([[1, 0]])}, "prev_num_accepted must have shape"),
     ({"release_seq_ids": torch.tensor([0.5])}, "release_seq_ids must be an integer"),
+    ({"num_drafted": torch.tensor([4, 1])}, "num_drafted must lie"),
+    (
+        {"num_draft_tokens": torch.tensor([2, 3]), "num_drafted": torch.tensor([3, 3])},
+        "num_drafted must lie",
+    ),
+    ({"num_drafted": torch.tensor([-1, 1])}, "num_drafted must lie"),
+    ({"num_drafted": torch.tensor([1])}, "num_drafted must have shape"),
+    ({"num_drafted": torch.tensor([1.0, 1.0])}, "num_drafted must be an integer"),
+    ({"num_drafted": torch.tensor([1, 1], device="meta")}, "share one device"),
+    ({"adaptive_drafting": torch.tensor([1, 0])}, "adaptive_drafting must be a bool"),
+    ({"adaptive_drafting": torch.tensor([True])}, "adaptive_drafting must have shape"),
+    (
+        {
+            "features": torch.tensor([[0.0, float("nan"), 0], [0, 0, 0]]),
+            "num_drafted": torch.tensor([2, 3]),
+        },
+        "features at draft",
+    ),  # fmt: skip
     ({"base_tokens": -1}, "base_tokens"),
     ({"base_tokens": 1.5}, "base_tokens"),
     ({"adaptive": torch.tensor([True, True], device="meta")}, "share one device"),
@@ -239,3 +292,154 @@ def test_bad_input_raises_and_changes_nothing(change, match):
         assert torch.equal(torch.as_tensor(after[0][key]), torch.as_tensor(before[0][key]))
     for key, value in before[0]["stats"].items():
         assert torch.equal(after[0]["stats"][key], value)
+
+
+# --- adaptive drafting: the plan, num_drafted, stale extrapolation -------------------------------
+
+
+def test_draft_plan_is_threshold_depth_slope_intercepts_of_this_steps_rows():
+    """[threshold, depth, slope, intercepts[:K]] (float32): plan_step on this step's survival
+    rows (extrapolated past the cap of row 1), with the estimator's coefficients as they stand."""
+    cost = StepCost.linear(0.4, 0.1, 1.0, 0.05, 8, 64)
+    verifier = _verifier(cost=cost, num_positions=4)
+    verifier.estimator.slope.fill_(0.8)
+    verifier.estimator.intercepts.copy_(torch.tensor([0.5, 0.1, -0.3, -0.6]))
+    features = [[3.0, 2.0, 1.5], [0.5, -1.0, 9.0]]  # row 1's position 2 is past its cap
+    decision = verifier.step(**_args([1, 2], features, ndt=[3, 2], drafting=[True, False]))
+    plan = decision.draft_plan
+    assert plan.shape == (3 + K,) and plan.dtype == torch.float32
+    conf = torch.sigmoid(0.8 * torch.tensor(features) + torch.tensor([0.5, 0.1, -0.3]))
+    # row 1 drafted 2: its last confidence c_1 is repeated past the cap
+    rows = torch.stack([conf[0], torch.stack([conf[1, 0], conf[1, 1], conf[1, 1]])]).cumprod(1)
+    want = _plan(rows, [3, 2], 2, drafting=[True, False], cost=cost)
+    torch.testing.assert_close(plan[0], want.threshold.float())
+    assert plan[1] == float(want.depth) and 1 <= int(want.depth) <= K
+    assert plan[2] == torch.tensor(0.8)
+    assert plan[3:].tolist() == torch.tensor([0.5, 0.1, -0.3]).tolist()
+    parsed = DraftPlan.from_tensor(plan, K)
+    assert parsed is not None and parsed.depth == int(want.depth)
+    assert parsed.intercepts == tuple(torch.tensor([0.5, 0.1, -0.3]).tolist())
+    assert 0.0 < parsed.threshold < 1.0
+
+
+def test_draft_plan_follows_a_refit():
+    """The plan carries the coefficients after this step's refit, the ones the next step's
+    draft must use (they are the estimator's at the end of the step)."""
+    verifier = _verifier(refit_interval=2)
+    verifier.step(**_args([1, 2], [[1.0, 0.5, 0.0], [2.0, 1.0, 0.0]]))
+    decision = verifier.step(**_args([1, 2], [[1.0] * 3] * 2, prev=[1, 3]))
+    assert verifier.estimator.num_refits == 1
+    assert decision.draft_plan[2] == verifier.estimator.slope
+    assert torch.equal(decision.draft_plan[3:], verifier.estimator.intercepts[:K])
+
+
+def test_no_plan_when_drafting_is_off():
+    on, off = _verifier(), _verifier(drafting=False)
+    for verifier in (on, off):
+        verifier.step(**_args([1, 2], [[1.0, 0.0, -1.0]] * 2, drafting=[True, True]))
+    args = _args([1, 2], [[0.5] * 3] * 2, prev=[1, 1], drafting=[True, True])
+    with_plan, without = on.step(**args), off.step(**args)
+    assert with_plan.draft_plan.shape == (3 + K,)
+    assert without.draft_plan.shape == (0,)
+    assert torch.equal(with_plan.num_verify, without.num_verify)
+    assert torch.equal(with_plan.budget, without.budget)
+
+
+def test_candidates_are_the_drafted_positions():
+    """Features past num_drafted are ignored, NaN and inf included: the decision equals that of
+    zero features there, nothing past num_drafted is verified, and the next step's labels only
+    cover verified positions."""
+    free = CostTable([0], [1.0])  # every candidate verified
+    nan, inf = float("nan"), float("inf")
+    drafted = dict(ndt=[3, 3], drafted=[1, 2], drafting=[True, True])
+    verifier = _verifier(verify_cost=free)
+    decision = verifier.step(**_args([1, 2], [[1.0, nan, inf], [0.5, -0.5, nan]], **drafted))
+    clean = _verifier(verify_cost=free).step(
+        **_args([1, 2], [[1.0, 0.0, 0.0], [0.5, -0.5, 0.0]], **drafted)
+    )
+    assert decision.num_verify.tolist() == [1, 2]
+    assert (int(decision.drafted), int(decision.verified), int(decision.trimmed)) == (3, 3, 0)
+    torch.testing.assert_close(decision.survival, clean.survival)
+    assert decision.survival[0, 1:].tolist() == [0.0, 0.0] and decision.survival[1, 2] == 0
+    assert torch.equal(decision.draft_plan, clean.draft_plan)
+    verifier.step(**_args([1, 2], [[0.0] * 3] * 2, prev=[0, 1]))
+    # row 1: position 0 rejected; row 2: position 0 accepted, position 1 rejected
+    assert verifier.estimator.stats.n.tolist() == [2.0, 1.0, 0.0]
+    assert torch.isfinite(verifier.estimator.stats.sums).all()
+
+
+def test_num_drafted_defaults_to_the_caps():
+    verifier, explicit = _verifier(), _verifier()
+    features = [[1.0, 0.0, -1.0], [0.5, 0.5, 0.5]]
+    a = verifier.step(**_args([1, 2], features, ndt=[3, 2]))
+    b = explicit.step(**_args([1, 2], features, ndt=[3, 2], drafted=[3, 2], drafting=[False] * 2))
+    for name in ("num_verify", "survival", "budget", "draft_plan", "stopped_early"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert int(a.stopped_early) == 0 and float(a.draft_ms_saved) == 0.0
+
+
+def test_num_drafted_above_the_cap_is_rejected():
+    verifier = _verifier()
+    with pytest.raises(ValueError, match="num_drafted must lie in 0..num_draft_tokens"):
+        verifier.step(**_args([1], [[0.0] * 3], ndt=[2], drafted=[3]))
+    assert verifier.num_steps == 0 and verifier._pending is None
+
+
+def test_stopped_early_draft_passes_and_draft_ms_saved():
+    """caps [3, 3, 2], drafted [1, 3, 2]: 2 drafts not drafted, 3 passes; passes 1 and 2 would
+    have run 3 and 2 rows and ran 2 and 1 (draft pass 0.5 + 0.25 per row)."""
+    cost = StepCost.linear(0.5, 0.25, 1.0, 0.1, 8, 64)
+    verifier = _verifier(cost=cost)
+    common = dict(ndt=[3, 3, 2], drafting=[True] * 3)
+    d = verifier.step(**_args([1, 2, 3], [[0.0] * 3] * 3, drafted=[1, 3, 2], **common))
+    assert d.stopped_early.dtype == torch.int64 and d.draft_passes.dtype == torch.int64
+    assert d.draft_ms_saved.dtype == torch.float64 and d.draft_ms_saved.shape == ()
+    assert (int(d.stopped_early), int(d.draft_passes)) == (2, 3)
+    assert int(d.drafted) == 6
+    assert float(d.draft_ms_saved) == pytest.approx((1.25 - 1.0) + (1.0 - 0.75))
+    # Every row stopped after its first draft: passes 1 and 2 did not run at all.
+    d = verifier.step(**_args([1, 2, 3], [[0.0] * 3] * 3, drafted=[1, 1, 1], prev=[0] * 3,
+                              **common))  # fmt: skip
+    assert (int(d.stopped_early), int(d.draft_passes)) == (5, 1)
+    assert float(d.draft_ms_saved) == pytest.approx(1.25 + 1.0)
+    # Nothing stopped early.
+    d = verifier.step(**_args([1, 2, 3], [[0.0] * 3] * 3, prev=[0] * 3, **common))
+    assert (int(d.stopped_early), int(d.draft_passes), float(d.draft_ms_saved)) == (0, 3, 0.0)
+
+
+def test_stale_rows_are_extrapolated_past_the_last_drafted_position():
+    """A row that drafted 2 of 4 scores s1, s2, s2 c2, s2 c2^2 in the next step's budget (c2 the
+    confidence of its last draft), not the carried s2 nor 0; its plan uses the same rows."""
+    k = 4
+    verify = CostTable.linear(1.0, 0.05, 64, name="verify")
+    verifier = _verifier(verify_cost=verify, num_positions=k)
+    nan = float("nan")
+    first = verifier.step(
+        **_args([1], [[2.0, 0.0, nan, nan]], ndt=[k], drafted=[2], drafting=[True], k=k)
+    )
+    c = torch.sigmoid(0.5 * torch.tensor([2.0, 0.0]) - 0.2)
+    s1, s2 = c[0], c[0] * c[1]
+    extrapolated = torch.stack([s1, s2, s2 * c[1], s2 * c[1] ** 2])[None]
+    torch.testing.assert_close(first.survival[0, :2], torch.stack([s1, s2]))
+    cost = StepCost(DRAFT, verify)
+    plan = _plan(extrapolated, [k], 1, drafting=[True], cost=cost)
+    torch.testing.assert_close(first.draft_plan[0], plan.threshold.float())
+    assert first.draft_plan[1] == float(plan.depth)
+
+    second = verifier.step(**_args([1], [[0.0] * k], ndt=[k], prev=[0], k=k))
+    want = _budget(extrapolated, [k], 1, cost=cost)
+    assert int(second.budget) == want == 3
+    carried = torch.stack([s1, s2, s2, s2])[None]
+    zeros = torch.stack([s1, s2, torch.tensor(0.0), torch.tensor(0.0)])[None]
+    assert _budget(carried, [k], 1, cost=cost) == 4  # the case tells the three apart
+    assert _budget(zeros, [k], 1, cost=cost) == 2
+
+
+def test_a_row_that_drafted_nothing_scores_one_next_step():
+    verifier = _verifier()
+    verifier.step(**_args([1, 2], [[-3.0] * 3] * 2, ndt=[0, 3], drafting=[True, True]))
+    second = verifier.step(**_args([1, 2], [[0.0] * 3] * 2, prev=[0, 0]))
+    c = torch.sigmoid(torch.tensor(0.5 * -3.0 - 0.2))
+    row2 = torch.stack([c, c * c, c * c * c])
+    assert int(second.budget) == _budget(torch.stack([torch.ones(3), row2]), [3, 3], 2)
+    assert int(second.budget) != _budget(torch.stack([row2, row2]), [3, 3], 2)

@@ -10,6 +10,9 @@ import pytest
 import torch
 from helpers.client_scripts import load_client_script
 
+from avspec.av.cost_file import save_step_cost
+from avspec.av.cost_table import CostTable
+from avspec.av.step_cost import StepCost
 from avspec.runtime.model_dir import save_model_dir
 from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.runtime.transformer import Transformer, TransformerConfig
@@ -72,10 +75,12 @@ def test_collected_rows_are_consistent(drafts: Path):
 
 def test_eval_estimator_report(drafts: Path, tmp_path: Path, capsys: pytest.CaptureFixture):
     costs = tmp_path / "costs.json"
-    costs.write_text(json.dumps({
-        "draft_cost": {"sizes": [1, 8], "millis": [1.0, 1.5]},
-        "verify_cost": {"sizes": [1, 64], "millis": [5.0, 20.0]},
-    }))  # fmt: skip
+    cost = StepCost(
+        CostTable([1, 8], [0.2, 0.3], name="draft_pass"),
+        CostTable([1, 64], [5.0, 20.0], name="verify"),
+        overhead_ms=0.5,
+    )
+    save_step_cost(costs, cost, {"source": "test"})
     out = tmp_path / "eval.json"
     assert eval_estimator.main([str(drafts), "--cost-tables", str(costs), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -92,3 +97,29 @@ def test_eval_estimator_report(drafts: Path, tmp_path: Path, capsys: pytest.Capt
 def test_eval_estimator_missing_cost_tables(drafts: Path, tmp_path: Path):
     with pytest.raises(SystemExit):
         eval_estimator.main([str(drafts), "--cost-tables", str(tmp_path / "nope.json")])
+
+
+def test_eval_estimator_refuses_old_format_cost_tables(
+    drafts: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+):
+    """The old {"draft_cost", "verify_cost"} file is no step cost: a usage error naming it."""
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({
+        "draft_cost": {"sizes": [1, 8], "millis": [1.0, 1.5]},
+        "verify_cost": {"sizes": [1, 64], "millis": [5.0, 20.0]},
+    }))  # fmt: skip
+    with pytest.raises(SystemExit):
+        eval_estimator.main([str(drafts), "--cost-tables", str(old)])
+    assert "old format" in capsys.readouterr().err
+
+
+def test_collect_drafts_falls_back_to_the_default_step_cost(tmp_path: Path):
+    """A missing cost file gives default_step_cost; a present one is loaded as it is."""
+    fallback = collect_drafts.step_cost(tmp_path / "none.json", 4, 512)
+    assert isinstance(fallback, StepCost) and fallback.overhead_ms == 0.0
+    assert float(fallback.verify(0)) == 10.0 and float(fallback.draft_pass(0)) == 1.0
+    path = tmp_path / "costs.json"
+    cost = StepCost(CostTable([1], [0.5]), CostTable([1, 8], [2.0, 3.0]), overhead_ms=0.25)
+    save_step_cost(path, cost, None)
+    loaded = collect_drafts.step_cost(path, 4, 512)
+    assert loaded.overhead_ms == 0.25 and loaded.verify.millis == [2.0, 3.0]

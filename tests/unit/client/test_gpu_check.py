@@ -11,6 +11,8 @@ from helpers.client_scripts import load_client_script
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from avspec.av import verifier as verifier_module
+from avspec.av.drafting import DraftPlan
+from avspec.av.step_cost import StepCost
 
 gpu_check = load_client_script("gpu_check")
 CPU = torch.device("cpu")
@@ -67,8 +69,9 @@ def verifier_steps_keeping_the_verifier(monkeypatch: pytest.MonkeyPatch, **kwarg
         step = verifier.step
 
         def recording_step(*step_args, **step_kwargs):
-            decisions.append(step(*step_args, **step_kwargs))
-            return decisions[-1]
+            decision = step(*step_args, **step_kwargs)
+            decisions.append((decision, step_kwargs.get("num_drafted")))
+            return decision
 
         verifier.step = recording_step
         built.append(verifier)
@@ -84,34 +87,42 @@ def test_verifier_step_path_passes_the_sync_stand_in_and_refits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The closure the sync check runs on CUDA, on CPU tensors: 12 steps with a refit every 5
-    pass under the stand-in, and each step trims 4 drafts of 6 sequences to a valid count."""
+    pass under the stand-in; each step drafts by the previous plan (the first by the caps),
+    trims to a valid count and returns the next plan."""
     one_step, verifier, decisions = verifier_steps_keeping_the_verifier(
         monkeypatch, batch=6, k=4, device=CPU, steps=12, refit_interval=5
     )
+    assert isinstance(verifier.cost, StepCost) and verifier.drafting
     set_mode = HostSyncStandIn()
     result = gpu_check.run_under_sync_debug(one_step, 12, set_mode)
     assert result == {"status": "passed", "steps": 12}
     assert set_mode.modes == ["error", 0]
     assert (verifier.estimator.num_steps, verifier.estimator.num_refits) == (12, 2)
     assert len(decisions) == 12
-    for decision in decisions:
+    assert decisions[0][1].tolist() == [4] * 6  # no plan yet: every row drafts its cap
+    for decision, drafted in decisions:
         assert decision.num_verify.shape == (6,) and decision.num_verify.dtype == torch.int32
-        assert int(decision.num_verify.min()) >= 0 and int(decision.num_verify.max()) <= 4
-    assert any(int(d.num_verify.sum()) < 24 for d in decisions), "AV never trimmed a draft"
+        assert drafted.shape == (6,) and int(drafted.min()) >= 1 and int(drafted.max()) <= 4
+        assert int(decision.num_verify.min()) >= 0
+        assert bool((decision.num_verify <= drafted).all())
+        assert DraftPlan.from_tensor(decision.draft_plan, 4) is not None
+    assert any(int(d.trimmed) > 0 for d, _ in decisions), "AV never trimmed a draft"
+    assert any(int(d.stopped_early) > 0 for d, _ in decisions), "the plan never stopped a row"
 
 
 def test_a_verifier_step_with_a_data_dependent_shape_fails_the_check(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Broken variant: the verifier step masks its scores by value before budgeting (a host sync
-    on CUDA). The check fails, names the avspec frame it went through, and restores the mode."""
-    real = verifier_module.choose_budget
+    """Broken variant: the verifier step masks its stale scores by value before planning (a host
+    sync on CUDA). The check fails, names the avspec frame it went through, and restores the
+    mode."""
+    real = verifier_module.plan_step
 
-    def choose_budget_after_a_mask(scores, *args):
-        _ = scores[scores > 0.5]  # boolean-mask indexing: nonzero on the device
-        return real(scores, *args)
+    def plan_step_after_a_mask(stale, *args):
+        _ = stale[stale > 0.5]  # boolean-mask indexing: nonzero on the device
+        return real(stale, *args)
 
-    monkeypatch.setattr(verifier_module, "choose_budget", choose_budget_after_a_mask)
+    monkeypatch.setattr(verifier_module, "plan_step", plan_step_after_a_mask)
     one_step, _, decisions = verifier_steps_keeping_the_verifier(
         monkeypatch, batch=6, k=4, device=CPU, steps=4
     )
@@ -165,6 +176,7 @@ def test_cli_on_cpu_reports_every_check(tmp_path: Path, capsys: pytest.CaptureFi
     pipeline = report["pipeline"]
     assert pipeline["status"] == "passed"
     assert 1.0 <= pipeline["tokens_per_step_per_sequence"] <= 4.0
+    assert 1.0 <= pipeline["draft_passes_per_step"] <= 3.0
     assert "sync check SKIPPED" in capsys.readouterr().out
 
 
@@ -180,3 +192,21 @@ def test_auto_without_cuda_skips_the_pipeline_and_a_failure_exits_1(
     assert gpu_check.main(["--batch", "2", "--repeats", "2"]) == 1
     printed = capsys.readouterr().out
     assert "pipeline check SKIPPED" in printed and "FAILED: verifier" in printed
+
+
+def test_planned_drafts_follow_the_draft_stage_rule() -> None:
+    """Draft 0 always; position i while i < depth and the survival up to i - 1 stays >= tau;
+    at most the cap. No plan: the caps."""
+    caps = torch.tensor([4, 4, 2, 4], dtype=torch.int32)
+    features = torch.zeros(4, 4)
+    assert torch.equal(gpu_check.planned_drafts(torch.zeros(0), features, caps), caps)
+    # slope 1, intercepts ln 0.9/0.1 etc.: confidences 0.9, 0.8, 0.5, 0.5 at features 0
+    c = torch.tensor([0.9, 0.8, 0.5, 0.5])
+    plan = DraftPlan(0.5, 3, 1.0, tuple(torch.logit(c).tolist())).to_tensor()
+    features[1] = torch.tensor([0.0, -9.0, 0.0, 0.0])  # survival 0.9, ~0.0001: stops after 2
+    features[3, 0] = -9.0  # survival ~0.0001 at position 0: drafts only x_0
+    got = gpu_check.planned_drafts(plan, features, caps)
+    # row 0: s = 0.9, 0.72, 0.36: drafts 0, 1, 2 (depth 3); row 2: cap 2
+    assert got.tolist() == [3, 2, 2, 1] and got.dtype == torch.int32
+    strict = DraftPlan(0.8, 4, 1.0, tuple(torch.logit(c).tolist())).to_tensor()
+    assert gpu_check.planned_drafts(strict, torch.zeros(4, 4), caps).tolist() == [2, 2, 2, 2]

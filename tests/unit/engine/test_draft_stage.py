@@ -1,12 +1,17 @@
-"""Draft stage: drafts match full recomputation across accept/reject cycles; idle sweep; errors."""
+"""Draft stage: drafts match full recomputation across accept/reject cycles; idle sweep; errors;
+adaptive drafting by the previous step's plan (compact and masked modes)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
 from helpers.stages import K, make_draft_stage, make_inputs, tiny_model
 
-from avspec.engine.draft_stage import DraftStage
+from avspec.av.drafting import DraftPlan
+from avspec.contract import StepInputs
+from avspec.engine.draft_stage import DraftOutput, DraftStage
 from avspec.runtime.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -151,3 +156,222 @@ def test_constructor_and_timeout_validation() -> None:
         DraftStage(model, cache, 0)
     with pytest.raises(ValueError, match="idle_timeout_s"):
         DraftStage(model, cache, K, idle_timeout_s=0)
+
+
+# --- adaptive drafting: the plan of the previous step ---------------------------------------------
+
+PLAN_ROWS = [
+    {"seq_id": 1, "tokens": [3, 1, 4, 1, 5], "seed": 11, "adaptive": True},
+    {"seq_id": 2, "tokens": [9, 2, 6], "seed": 12, "adaptive": True, "n": 3},
+    {"seq_id": 3, "tokens": [7, 7], "seed": 13, "adaptive": True},
+    {"seq_id": 4, "tokens": [2, 7, 1, 8], "seed": 14, "adaptive": True},
+    {"seq_id": 5, "tokens": [5, 5, 5], "seed": 15, "adaptive": True},
+]
+CAPS = [K, 3, K, K, K]
+
+
+class MaskedDraftStage(DraftStage):
+    """The masked mode (the CUDA path: stopped rows keep running, drafting nothing) on the CPU."""
+
+    @property
+    def compact(self) -> bool:
+        return False
+
+
+def with_plan(inputs: StepInputs, plan: DraftPlan | None, drafting: list[bool]) -> StepInputs:
+    """`inputs` with adaptive_drafting and the plan tensor (None: the empty tensor, no plan)."""
+    return replace(
+        inputs,
+        adaptive_drafting=torch.tensor(drafting, dtype=torch.bool),
+        draft_plan=plan.to_tensor() if plan is not None else torch.zeros(0),
+    )
+
+
+def generator_states(stage: DraftStage, seq_ids: list[int]) -> list[torch.Tensor]:
+    return [g.get_state() for g in stage.slots.generators(seq_ids)]
+
+
+def assert_padding_past_num_drafted(out: DraftOutput) -> None:
+    """Positions < num_drafted hold a draft (q sums to 1), later ones padding (all zero)."""
+    drafted = torch.arange(K) < out.num_drafted[:, None].long()  # [batch, K]
+    torch.testing.assert_close(
+        out.draft_probs.sum(-1)[drafted], torch.ones(int(drafted.sum())), atol=1e-5, rtol=0
+    )
+    assert torch.equal(out.draft_probs.sum(-1) > 0, drafted)
+    assert out.draft_tokens[~drafted].abs().sum() == 0
+    assert out.draft_features[~drafted].abs().sum() == 0
+
+
+ALL = slice(None)
+
+
+def assert_same_drafts(
+    a: DraftOutput, b: DraftOutput, rows: slice = ALL, positions: slice = ALL
+) -> None:
+    for name in ("draft_tokens", "draft_probs", "draft_features"):
+        got, want = getattr(a, name)[rows, positions], getattr(b, name)[rows, positions]
+        assert torch.equal(got, want), name
+
+
+def test_zero_threshold_full_depth_plan_drafts_like_no_plan() -> None:
+    """tau = 0 never stops a row (survival >= 0 even after underflow to 0; intercepts -30), depth
+    K caps nothing: the same drafts, features, counts and generator use as without a plan."""
+    model = tiny_model(10)
+    inputs = make_inputs(PLAN_ROWS)
+    plain_stage, planned_stage = make_draft_stage(model), make_draft_stage(model)
+    plain = plain_stage(inputs)
+    plan = DraftPlan(0.0, K, 1.0, (-30.0,) * K)
+    planned = planned_stage(with_plan(inputs, plan, [True] * len(PLAN_ROWS)))
+    assert_same_drafts(planned, plain)
+    assert planned.num_drafted.tolist() == plain.num_drafted.tolist() == CAPS
+    assert planned.num_drafted.dtype == torch.int32
+    ids = [r["seq_id"] for r in PLAN_ROWS]
+    for a, b in zip(
+        generator_states(plain_stage, ids), generator_states(planned_stage, ids), strict=True
+    ):
+        assert torch.equal(a, b)
+    assert_padding_past_num_drafted(planned)
+
+
+def test_threshold_one_drafts_exactly_one_token_per_adaptive_row() -> None:
+    """Confidences < 1 (slope 0.1, intercepts -1: features are clamped to +-40), so survival
+    after x_0 is < tau = 1: each row drafts x_0 only, the same x_0 as without a plan, and no
+    further pass runs (compact mode)."""
+    model = tiny_model(10)
+    inputs = make_inputs(PLAN_ROWS)
+    plain = make_draft_stage(model)(inputs)
+    plan = DraftPlan(1.0, K, 0.1, (-1.0,) * K)
+    out = make_draft_stage(model)(with_plan(inputs, plan, [True] * len(PLAN_ROWS)))
+    assert out.num_drafted.tolist() == [1] * len(PLAN_ROWS)
+    assert_same_drafts(out, plain, positions=slice(0, 1))
+    assert_padding_past_num_drafted(out)
+    assert out.pass_ms.shape == (K,) and out.pass_ms.dtype == torch.float32
+    assert out.pass_ms[0] > 0 and out.pass_ms[1:].abs().sum() == 0
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_depth_caps_the_drafts(depth: int) -> None:
+    model = tiny_model(10)
+    inputs = make_inputs(PLAN_ROWS)
+    plain = make_draft_stage(model)(inputs)
+    plan = DraftPlan(0.0, depth, 1.0, (0.0,) * K)
+    out = make_draft_stage(model)(with_plan(inputs, plan, [True] * len(PLAN_ROWS)))
+    assert out.num_drafted.tolist() == [min(cap, depth) for cap in CAPS]
+    assert_same_drafts(out, plain, positions=slice(0, depth))
+    assert_padding_past_num_drafted(out)
+    assert torch.equal(out.pass_ms > 0, torch.arange(K) < depth)
+
+
+def test_rows_not_drafting_adaptively_ignore_the_plan() -> None:
+    """Plan tau = 1, D = 1. Row 0 (adaptive, drafting by the plan) drafts one token; row 1
+    (adaptive, adaptive_drafting False), row 2 (not adaptive, adaptive_drafting True) and row 3
+    (neither) draft their caps, exactly as without a plan."""
+    model = tiny_model(11)
+    rows = [dict(r) for r in PLAN_ROWS[:4]]
+    rows[2]["adaptive"] = rows[3]["adaptive"] = False
+    inputs = make_inputs(rows)
+    plain = make_draft_stage(model)(inputs)
+    plan = DraftPlan(1.0, 1, 0.1, (-1.0,) * K)
+    out = make_draft_stage(model)(with_plan(inputs, plan, [True, False, True, False]))
+    assert out.num_drafted.tolist() == [1, 3, K, K]
+    assert_same_drafts(out, plain, rows=slice(1, None))
+    assert_same_drafts(out, plain, rows=slice(0, 1), positions=slice(0, 1))
+    assert_padding_past_num_drafted(out)
+
+
+def test_no_adaptive_drafting_tensor_means_fixed_drafting() -> None:
+    """An empty adaptive_drafting (not sent) with a plan: every row drafts its cap."""
+    model = tiny_model(11)
+    inputs = make_inputs(PLAN_ROWS)
+    plain = make_draft_stage(model)(inputs)
+    plan = DraftPlan(1.0, 1, 0.1, (-1.0,) * K)
+    out = make_draft_stage(model)(replace(inputs, draft_plan=plan.to_tensor()))
+    assert out.num_drafted.tolist() == CAPS
+    assert_same_drafts(out, plain)
+
+
+@pytest.mark.parametrize("threshold", [0.2, 0.35, 0.6])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_num_drafted_is_the_drafted_prefix_and_follows_the_survival_rule(
+    threshold: float, temperature: float
+) -> None:
+    """A row drafts x_0, then position i while s_{i-1} >= tau (s from the plan's coefficients and
+    the features of what it drafted) and i < its limit; num_drafted counts exactly those."""
+    model = tiny_model(10)
+    rows = [r | {"temperature": temperature} for r in PLAN_ROWS]
+    plan = DraftPlan(threshold, 3, 0.5, (-0.2, -0.1, 0.0, 0.1))
+    out = make_draft_stage(model)(with_plan(make_inputs(rows), plan, [True] * len(rows)))
+    assert_padding_past_num_drafted(out)
+    conf = torch.sigmoid(0.5 * out.draft_features + torch.tensor(plan.intercepts))
+    for r, cap in enumerate(CAPS):
+        n, s, want = int(out.num_drafted[r]), 1.0, 1
+        for i in range(min(cap, plan.depth) - 1):
+            s *= float(conf[r, i])
+            if s < threshold:
+                break
+            want += 1
+        assert n == want, (r, n, want)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.2, 0.35, 1.0])
+def test_compact_and_masked_modes_agree_at_temperature_zero(threshold: float) -> None:
+    """Greedy rows, a plan that stops rows at different positions: the masked mode (stopped rows
+    keep running, as on CUDA) drafts what the compact mode drafts, over two steps (the masked
+    mode's extra cache entries past the drafts are dropped by the cache rule)."""
+    model = tiny_model(10)
+    rows = [r | {"temperature": 0.0} for r in PLAN_ROWS]
+    plan = DraftPlan(threshold, K, 0.5, (-0.2,) * K)
+    drafting = [True, True, True, True, False]
+    compact, masked = (
+        make_draft_stage(model),
+        MaskedDraftStage(model, model.new_cache(8, 96, "cpu", torch.float64), K),
+    )
+    assert compact.compact and not masked.compact
+    inputs = with_plan(make_inputs(rows), plan, drafting)
+    for step in range(2):
+        a, b = compact(inputs), masked(inputs)
+        assert_same_drafts(a, b)
+        assert torch.equal(a.num_drafted, b.num_drafted)
+        assert_padding_past_num_drafted(a)
+        assert b.pass_ms.shape == (K,)
+        assert torch.equal(a.pass_ms > 0, torch.arange(K) < int(a.num_drafted.max()))
+        if step == 0 and threshold == 0.35:
+            assert len(set(a.num_drafted.tolist())) >= 3  # rows stopped at different positions
+        # commit: accept up to one draft per row, then one new token
+        nxt = []
+        for r, row in enumerate(rows):
+            accepted = min(1, int(a.num_drafted[r]))
+            new = a.draft_tokens[r, :accepted].tolist() + [17 + r]
+            start = row.get("start", 0) + len(row["tokens"])
+            nxt.append(row | {"tokens": new, "start": start, "reusable": accepted})
+        rows = nxt
+        inputs = with_plan(make_inputs(rows), plan, drafting)
+
+
+def test_pass_ms_marks_the_passes_run() -> None:
+    """K entries (host float32): > 0 for each pass that ran, 0 for passes not run; an empty
+    batch runs none."""
+    model = tiny_model(10)
+    stage = make_draft_stage(model)
+    out = stage(make_inputs([{"seq_id": 1, "tokens": [1, 2], "n": 2}]))
+    assert out.pass_ms.device == torch.device("cpu") and out.pass_ms.shape == (K,)
+    assert (out.pass_ms > 0).tolist() == [True, True, False, False]
+    empty = stage(make_inputs([], release=[1]))
+    assert empty.pass_ms.shape == (K,) and empty.pass_ms.abs().sum() == 0
+    assert empty.num_drafted.shape == (0,)
+
+
+@pytest.mark.parametrize(
+    ("plan", "match"),
+    [
+        (torch.zeros(3 + K - 1), "draft_plan has"),
+        (torch.tensor([1.5, 1.0, 1.0] + [0.0] * K), "threshold"),
+        (torch.tensor([0.5, K + 1.0, 1.0] + [0.0] * K), "depth"),
+        (torch.tensor([0.5, 1.0, float("nan")] + [0.0] * K), "finite"),
+    ],
+)
+def test_bad_plan_is_rejected(plan: torch.Tensor, match: str) -> None:
+    stage = make_draft_stage(tiny_model(7, layers=1))
+    inputs = make_inputs([{"seq_id": 1, "tokens": [1], "adaptive": True}])
+    with pytest.raises(ValueError, match=match):
+        stage(replace(inputs, draft_plan=plan, adaptive_drafting=torch.tensor([True])))

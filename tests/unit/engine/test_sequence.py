@@ -114,7 +114,7 @@ def test_build_inputs_pads_and_fills_every_column() -> None:
 def test_carry_after_a_step_joins_the_stage_times_and_the_wall_time() -> None:
     outputs = StepOutputs(
         torch.zeros(1, 3, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
-        torch.zeros(1, dtype=torch.int32), draft_plan=torch.tensor([0.3, 1.0, 0.5, 0.0, 0.0]),
+        torch.zeros(1, dtype=torch.int32), next_draft_plan=torch.tensor([0.3, 1.0, 0.5, 0.0, 0.0]),
         draft_ms=torch.tensor([2.0, 1.0]), target_ms=torch.tensor([5.0]),
     )  # fmt: skip
     accepted = torch.tensor([0], dtype=torch.int32)

@@ -211,3 +211,15 @@ def test_cli_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text("[1]")
     assert fill_template.main(["--output", str(tmp_path / "z"), "--values", str(bad)]) == 2
+
+
+@pytest.mark.parametrize("config", ["config.pbtxt", "configs/gpu.pbtxt"])
+def test_no_step_output_shadows_an_ensemble_input(config: str) -> None:
+    """A step output mapped to the name of an ensemble input never reaches the ensemble's
+    outputs (Triton keeps the input): the drafting plan once came back empty every step."""
+    ensemble = parse(REPOSITORY / "speculative_step" / config)
+    inputs = {t.name for t in ensemble.input}
+    produced = [v for step in ensemble.ensemble_scheduling.step for v in step.output_map.values()]
+    assert not inputs & set(produced), inputs & set(produced)
+    assert len(produced) == len(set(produced))
+    assert {t.name for t in ensemble.output} <= set(produced)

@@ -1,0 +1,440 @@
+"""Exact losslessness of adaptive drafting + adaptive verification, by enumeration in Fractions.
+
+World: vocabulary V = 3, two requests, K = 3 draft positions. The draft q(. | r, prefix) and the
+target p(. | r, prefix) are fixed rational tables computed from (request, tokens so far) (`_dist`):
+every entry positive, q != p at every prefix. One speculative step is enumerated branch by branch,
+each branch carrying its exact probability (fractions.Fraction); every decision is taken by the
+library (avspec.av.drafting, avspec.av.survival) on float tensors, as the engine takes it:
+
+1. the plan, fixed before the step: a `DraftPlan` (slope, intercepts, threshold tau, depth D) and
+   the budget b = plan_step(STALE, ...).budget, from fixed stale survival values and a staircase
+   `StepCost` (the verify table jumps when the first draft is verified, then is flat);
+2. drafting: `draft_limits` gives each row its limit; at pass i every active row has its feature
+   f_i = logit q_max of q(. | x_<i) (a float), c_i = `stop_confidence`, s_i = s_{i-1} * c_i, and
+   draws x_i ~ q (all 3^rows draws enumerated); it drafts past i only while `keeps_drafting(s_i)`
+   (and i + 1 < its limit), so the last drafted token is the one at which it stopped;
+3. admission: fresh survival values of the drafted positions (`survival`), `admit(values,
+   candidates, b)` for num_verify per row;
+4. rejection sampling, exact: admitted x_i is accepted with probability min(1, p(x_i) / q(x_i)); on
+   the first rejection a token is emitted from the normalised residual (p - q)+; if every admitted
+   draft is accepted a bonus token is emitted from p at the next position;
+5. completion: each request's emitted tokens are extended to L = K + 1 tokens from p.
+
+Why completion to L: a step emits a variable number of tokens, so the law of the emitted block
+alone is not the target's law of anything. Speculative sampling is exact in the sense that the
+emitted block is the target's own sequence cut at a random length, and the length must be a
+stopping time of that sequence: whether the block goes on past token i may depend on the tokens
+drawn before it, never on what comes after. When it is, continuing the sequence from p gives p's
+law over any fixed horizon; when a decision peeks at a token it should not (a draft's own q(x_i),
+a budget or a stop that moved with it), the completed law moves. L = K + 1 is the longest block a
+step can emit, so every branch is completed to the same horizon.
+
+The criterion is exact: the joint law over both requests of the completed sequences (3^4 * 3^4
+outcomes) must equal the product of the target's laws, Fraction for Fraction. The same harness
+with one hook swapped (`Hooks`) shows a non-zero bias for each unsafe rule of spec sections 4 and
+6: a batch-level stop from this step's survival values, a budget from this step's survival values
+(the staircase example), a normalisation of the features by this step's batch mean, and dropping a
+draft because of q(x_i) of the sampled token. Comparing a row's survival with the other row's at
+the same position is, by contrast, exact (test below): it only ever removes drafts that rank below
+every draft they could depend on. About 2 s in all (at most 3^6 draft branches per run).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+
+import pytest
+import torch
+
+from avspec.av.budget import plan_step
+from avspec.av.cost_table import CostTable
+from avspec.av.drafting import DraftPlan, draft_limits, keeps_drafting, stop_confidence
+from avspec.av.step_cost import StepCost
+from avspec.av.survival import admit, survival
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+V, B, K = 3, 2, 3
+L = K + 1  # completion horizon: the longest block one step can emit
+CAPS = [3, 3]  # num_draft_tokens per request
+ADAPTIVE = [True, True]  # both compete in the top-k and stop by the plan
+BASE_TOKENS = B  # one token per decoding request is verified anyway
+
+Seq = tuple[int, ...]
+Dist = tuple[Fraction, ...]
+Law = dict[Seq, Fraction]
+
+# Staircase: verifying the first draft costs a jump (4 -> 6 ms), further drafts are free; every
+# extra draft pass costs 1 ms for its first row and 0.5 ms for a second.
+STAIRCASE = StepCost(
+    draft_pass=CostTable([1, 2], [1.0, 1.5], name="draft_pass"),
+    verify=CostTable([2, 3, 9], [4.0, 6.0, 6.0], name="verify"),
+)
+# Last step's survival values (fixed: they are not this step's draws).
+STALE = torch.tensor([[0.9, 0.8, 0.7], [0.6, 0.3, 0.1]])
+SLOPE, INTERCEPTS = 0.5, (0.8, 0.6, 0.2)
+
+
+# --- the toy models ----------------------------------------------------------------------------
+
+
+# Weight patterns, from peaked (q_max = 3/4) to flat (q_max = 2/5): logit q_max varies by prefix.
+PATTERNS = ((6, 1, 1), (4, 3, 1), (2, 2, 1), (5, 2, 3), (1, 1, 2), (3, 1, 1))
+
+
+def _dist(salt: int, request: int, prefix: Seq) -> Dist:
+    """A rational distribution over V tokens, a fixed function of (salt, request, prefix)."""
+    code = salt + 13 * request
+    for token in prefix:
+        code = (code * 31 + 7 * token + 11) % 1009
+    pattern = PATTERNS[code % len(PATTERNS)]
+    shift = (code // len(PATTERNS)) % V
+    weights = pattern[shift:] + pattern[:shift]
+    total = sum(weights)
+    return tuple(Fraction(w, total) for w in weights)
+
+
+@functools.cache
+def _q(request: int, prefix: Seq) -> Dist:
+    """Draft distribution q(. | request, prefix)."""
+    return _dist(3, request, prefix)
+
+
+@functools.cache
+def _p(request: int, prefix: Seq) -> Dist:
+    """Target distribution p(. | request, prefix)."""
+    return _dist(40, request, prefix)
+
+
+def _feature(request: int, prefix: Seq) -> float:
+    """f = logit q_max of q(. | x_<i): known before x_i is drawn."""
+    qmax = max(_q(request, prefix))
+    return math.log(qmax / (1 - qmax))
+
+
+# --- exact laws ----------------------------------------------------------------------------------
+
+
+def _accumulate(law: Law, weight: Fraction, sub: Law) -> None:
+    if weight:
+        for seq, prob in sub.items():
+            law[seq] = law.get(seq, Fraction(0)) + weight * prob
+
+
+@functools.cache
+def _target_law(request: int, prefix: Seq) -> Law:
+    """Law of the length-L sequence sampled from p autoregressively after `prefix`."""
+    if len(prefix) == L:
+        return {prefix: Fraction(1)}
+    law: Law = {}
+    for token, prob in enumerate(_p(request, prefix)):
+        _accumulate(law, prob, _target_law(request, prefix + (token,)))
+    return law
+
+
+def _residual(p: Dist, q: Dist) -> Dist:
+    """Normalised (p - q)+ (only reached on a rejection, so p != q and the mass is positive)."""
+    excess = [max(pi - qi, Fraction(0)) for pi, qi in zip(p, q, strict=True)]
+    total = sum(excess)
+    return tuple(e / total for e in excess)
+
+
+@functools.cache
+def _verified_law(request: int, admitted: Seq) -> Law:
+    """Completed law of one request given its admitted drafts (drawn from q, prefix x_<i)."""
+    law: Law = {}
+    prefix: Seq = ()
+    reach = Fraction(1)  # probability that every admitted draft so far was accepted
+    for token in admitted:
+        p, q = _p(request, prefix), _q(request, prefix)
+        accept = min(Fraction(1), p[token] / q[token])
+        if accept < 1:
+            for t, prob in enumerate(_residual(p, q)):
+                _accumulate(law, reach * (1 - accept) * prob, _target_law(request, prefix + (t,)))
+        reach *= accept
+        prefix += (token,)
+    for t, prob in enumerate(_p(request, prefix)):  # bonus token
+        _accumulate(law, reach * prob, _target_law(request, prefix + (t,)))
+    return law
+
+
+# --- the step, with hooks for the unsafe variants -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pass:
+    """What a stop rule sees after pass `position`: the rows that drafted it and their s_i."""
+
+    position: int
+    rows: list[int]
+    survival: torch.Tensor  # [rows] float32 s_i
+    stops: torch.Tensor  # [rows] bool: the row stops by the plan
+    room: torch.Tensor  # [rows] bool: position + 1 < the row's limit
+    plan: DraftPlan
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """What the budget sees after drafting: fresh survival values of the drafted positions."""
+
+    values: torch.Tensor  # [B, K] float32
+    candidates: torch.Tensor  # [B, K] bool
+    counts: torch.Tensor  # [B] int64: drafts per row
+
+
+def _features_as_is(features: torch.Tensor) -> torch.Tensor:
+    return features
+
+
+def _keep_by_plan(ctx: Pass) -> torch.Tensor:
+    """The safe per-request stop: `keeps_drafting` for rows stopping by the plan."""
+    by_plan = torch.where(ctx.stops, keeps_drafting(ctx.survival, ctx.plan), True)
+    return ctx.room & by_plan
+
+
+def _never_drop(request: int, prefix: Seq, token: int) -> bool:
+    return False
+
+
+def _stale_budget(drafted: Drafted, stale_budget: int) -> int:
+    return stale_budget
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """The decisions a variant may change; the defaults are the safe pipeline."""
+
+    features: Callable[[torch.Tensor], torch.Tensor] = _features_as_is  # f_i of a pass's rows
+    keep: Callable[[Pass], torch.Tensor] = _keep_by_plan  # which rows draft past the pass
+    drop: Callable[[int, Seq, int], bool] = _never_drop  # discard a just-drawn draft
+    budget: Callable[[Drafted, int], int] = _stale_budget  # budget given the stale one
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One branch of the drafting loop: the rows' drafts so far and its probability."""
+
+    drafts: tuple[Seq, ...]
+    confidences: tuple[tuple[float, ...], ...]
+    survival: tuple[float, ...]  # running s of each row (float32 values)
+    active: tuple[int, ...]  # rows still drafting
+    prob: Fraction
+
+
+@dataclass
+class StepLaw:
+    """The enumerated step: the weight of each pair of admitted prefixes, and what bound."""
+
+    weights: dict[tuple[Seq, Seq], Fraction] = field(default_factory=dict)
+    stopped_early: bool = False  # some row drafted fewer than its limit (the stop bound)
+    trimmed: bool = False  # some branch admitted fewer drafts than it drafted (the budget bound)
+    budgets: set[int] = field(default_factory=set)
+
+
+def _stale_plan(threshold: float | None = None) -> tuple[DraftPlan, int]:
+    """DraftPlan (tau and D from `plan_step` on STALE unless given) and the stale budget."""
+    flags = torch.tensor(ADAPTIVE)
+    step = plan_step(STALE, torch.tensor(CAPS), flags, flags, BASE_TOKENS, STAIRCASE)
+    tau = float(step.threshold) if threshold is None else threshold
+    return DraftPlan(tau, int(step.depth), SLOPE, INTERCEPTS), int(step.budget)
+
+
+def _draft_pass(
+    branch: Branch, position: int, plan: DraftPlan, limits: list[int], stops: list[bool],
+    hooks: Hooks,
+) -> list[Branch]:  # fmt: skip
+    """Pass `position` of the drafting loop: every active row draws x_i, then stops or goes on."""
+    rows = list(branch.active)
+    features = torch.tensor([_feature(r, branch.drafts[r]) for r in rows], dtype=torch.float32)
+    conf = stop_confidence(hooks.features(features), position, plan)
+    surv = torch.tensor([branch.survival[r] for r in rows], dtype=torch.float32) * conf
+    ctx = Pass(
+        position, rows, surv, torch.tensor([stops[r] for r in rows]),
+        torch.tensor([position + 1 < limits[r] for r in rows]), plan,
+    )  # fmt: skip
+    keep = hooks.keep(ctx).tolist()
+    out = []
+    for tokens in itertools.product(range(V), repeat=len(rows)):
+        drafts, confs, survs = list(branch.drafts), list(branch.confidences), list(branch.survival)
+        prob, active = branch.prob, []
+        for j, (r, token) in enumerate(zip(rows, tokens, strict=True)):
+            prob *= _q(r, branch.drafts[r])[token]
+            if hooks.drop(r, branch.drafts[r], token):
+                continue  # drawn, then discarded: the row stops without it
+            drafts[r] += (token,)
+            confs[r] += (float(conf[j]),)
+            survs[r] = float(surv[j])
+            if keep[j]:
+                active.append(r)
+        out.append(Branch(tuple(drafts), tuple(confs), tuple(survs), tuple(active), prob))
+    return out
+
+
+def _draft_branches(
+    plan: DraftPlan, limits: list[int], stops: list[bool], hooks: Hooks
+) -> list[Branch]:
+    """Every branch of the drafting loop; it ends when no row is left or after K passes."""
+    start = Branch(
+        ((),) * B, ((),) * B, (1.0,) * B, tuple(r for r in range(B) if limits[r] > 0), Fraction(1)
+    )
+    open_, done = [start], []
+    for position in range(K):
+        following = []
+        for branch in open_:
+            if branch.active:
+                following.extend(_draft_pass(branch, position, plan, limits, stops, hooks))
+            else:
+                done.append(branch)
+        open_ = following
+    return done + open_
+
+
+def _admitted(branch: Branch, hooks: Hooks, stale_budget: int) -> tuple[tuple[Seq, ...], int]:
+    """The admitted prefix of each row's drafts, and the budget used."""
+    counts = torch.tensor([len(d) for d in branch.drafts])
+    conf = torch.ones(B, K)
+    for r, c in enumerate(branch.confidences):
+        conf[r, : len(c)] = torch.tensor(c)
+    values, candidates = survival(conf, counts)
+    budget = hooks.budget(Drafted(values, candidates, counts), stale_budget)
+    num_verify = admit(values, candidates, budget).tolist()
+    return tuple(d[:n] for d, n in zip(branch.drafts, num_verify, strict=True)), budget
+
+
+def step_law(hooks: Hooks = Hooks(), *, with_plan: bool = True, threshold: float | None = None):
+    """Enumerate one step: weights of the admitted prefixes, and whether stop and budget bound."""
+    plan, stale_budget = _stale_plan(threshold)
+    limits, stops = draft_limits(CAPS, ADAPTIVE, ADAPTIVE, plan if with_plan else None)
+    result = StepLaw()
+    for branch in _draft_branches(plan, limits, stops, hooks):
+        admitted, budget = _admitted(branch, hooks, stale_budget)
+        key = (admitted[0], admitted[1])
+        result.weights[key] = result.weights.get(key, Fraction(0)) + branch.prob
+        result.budgets.add(budget)
+        drafted = [len(d) for d in branch.drafts]
+        result.stopped_early |= any(n < lim for n, lim in zip(drafted, limits, strict=True))
+        result.trimmed |= sum(len(a) for a in admitted) < sum(drafted)
+    return result
+
+
+def mismatches(law: StepLaw) -> tuple[int, Fraction]:
+    """(outcomes whose joint probability differs from the target's, largest difference)."""
+    first: dict[Seq, dict[Seq, Fraction]] = defaultdict(dict)
+    for (a0, a1), weight in law.weights.items():
+        _accumulate(first[a0], weight, _verified_law(1, a1))
+    target0, target1 = _target_law(0, ()), _target_law(1, ())
+    count, largest = 0, Fraction(0)
+    for y0, t0 in target0.items():
+        row: Law = defaultdict(Fraction)
+        for a0, mixed in first.items():
+            _accumulate(row, _verified_law(0, a0).get(y0, Fraction(0)), mixed)
+        for y1, t1 in target1.items():
+            gap = abs(row[y1] - t0 * t1)
+            if gap:
+                count, largest = count + 1, max(largest, gap)
+    return count, largest
+
+
+# --- the unsafe variants -------------------------------------------------------------------------
+
+GAIN_FLOOR = 1.0  # batch-level stop: one more pass needs this many expected tokens
+
+
+def _keep_while_batch_gains(ctx: Pass) -> torch.Tensor:
+    """UNSAFE: the loop ends when this step's summed survival drops below the pass's worth."""
+    return _keep_by_plan(ctx) & (ctx.survival.sum() >= GAIN_FLOOR)
+
+
+def _keep_above_other_rows(ctx: Pass) -> torch.Tensor:
+    """Safe (exact below): a row stops when its s_i is below another row's s_i."""
+    best = ctx.survival.max()
+    return _keep_by_plan(ctx) & (ctx.survival >= best)
+
+
+def _current_budget(drafted: Drafted, stale_budget: int) -> int:
+    """UNSAFE: plan_step on this step's survival values (the spec's staircase example)."""
+    flags = torch.tensor(ADAPTIVE)
+    step = plan_step(drafted.values, drafted.counts, flags, flags, BASE_TOKENS, STAIRCASE)
+    return int(step.budget)
+
+
+def _batch_normalised(features: torch.Tensor) -> torch.Tensor:
+    """UNSAFE: features centred on this step's batch mean at this position."""
+    return features - features.mean()
+
+
+def _drop_unlikely_token(request: int, prefix: Seq, token: int) -> bool:
+    """UNSAFE: discard the draft when q(x_i) of the sampled token is small."""
+    return _q(request, prefix)[token] < Fraction(1, 4)
+
+
+SAFE = Hooks()
+UNSAFE = {
+    "batch_gain_stop": replace(SAFE, keep=_keep_while_batch_gains),
+    "current_budget": replace(SAFE, budget=_current_budget),
+    "batch_normalised_features": replace(SAFE, features=_batch_normalised),
+    "drop_on_sampled_q": replace(SAFE, drop=_drop_unlikely_token),
+}
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+
+def test_toy_models_are_valid_and_different():
+    """q and p are positive distributions at every prefix a step can reach, and q != p there."""
+    for request in range(B):
+        for length in range(L):
+            for prefix in itertools.product(range(V), repeat=length):
+                p, q = _p(request, prefix), _q(request, prefix)
+                assert sum(p) == 1 and sum(q) == 1
+                assert min(p) > 0 and min(q) > 0
+                assert p != q, (request, prefix)
+        assert sum(_target_law(request, ()).values()) == 1
+
+
+def test_safe_pipeline_is_exact_with_stop_and_budget_binding():
+    """Adaptive drafting + stale budget + rejection sampling: joint law == target's, exactly."""
+    plan, stale_budget = _stale_plan()
+    assert plan.depth == K and 0 < plan.threshold < 1
+    law = step_law(SAFE)
+    assert sum(law.weights.values()) == 1
+    assert law.stopped_early, "the per-request stop never bound"
+    assert law.trimmed, "the budget never admitted fewer than were drafted"
+    assert law.budgets == {stale_budget}
+    assert mismatches(law) == (0, 0)
+
+
+def test_fixed_drafting_without_plan_is_exact():
+    """draft_limits(plan=None): every row drafts to its cap, and the law is exact too."""
+    assert draft_limits(CAPS, ADAPTIVE, ADAPTIVE, None) == (CAPS, [False] * B)
+    law = step_law(SAFE, with_plan=False)
+    assert sum(law.weights.values()) == 1
+    assert not law.stopped_early and law.trimmed
+    assert mismatches(law) == (0, 0)
+
+
+def test_stop_by_comparing_rows_at_the_same_position_is_exact():
+    """Stopping a row whose s_i is below another row's s_i: it binds, and the law stays exact.
+
+    A draft removed this way has survival below the other row's s_i, hence below every draft
+    of that row it could depend on (x_<=i-1 ... ranks >= s_i), so it never changes their rank.
+    """
+    law = step_law(replace(SAFE, keep=_keep_above_other_rows))
+    baseline = step_law(SAFE)
+    assert law.weights != baseline.weights  # the rule changed what was drafted and admitted
+    assert mismatches(law) == (0, 0)
+
+
+@pytest.mark.parametrize("name", sorted(UNSAFE))
+def test_unsafe_variant_is_biased(name: str):
+    """Each unsafe rule moves the probability of some completed outcome away from the target's."""
+    law = step_law(UNSAFE[name])
+    assert sum(law.weights.values()) == 1
+    count, largest = mismatches(law)
+    assert count > 0 and largest > 0, name
