@@ -96,8 +96,9 @@ class RecordingStep:
         )
         refits = self.verifier.estimator.num_refits  # refits behind this step's predictions
         out = self.target(inputs, drafted.draft_tokens, drafted.draft_probs, decision.num_verify)
-        out.draft_plan = decision.draft_plan
+        out.next_draft_plan = decision.draft_plan
         out.draft_ms = drafted.pass_ms
+        out.num_drafted = drafted.num_drafted
         if inputs.batch_size:
             self._append(inputs, drafted, decision.confidences, out, pending, refits)
         return out

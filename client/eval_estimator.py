@@ -12,7 +12,7 @@ Reads the .npz of client/collect_drafts.py (every draft verified) and prints mar
 4. with --cost-tables (a step cost file, avspec.av.cost_file): the oracle bound
    (avspec.tools.oracle.oracle_bound) per workload, with the AV replay started cold (reference
    starting values) and warm (the workload's offline fit, as a server that has run long enough
-   would hold).
+   would hold), verification only (AV) and with adaptive drafting (AV+drafting).
 
 Writes everything as JSON to --out.
 
@@ -126,7 +126,8 @@ def oracle_for(data: dict[str, np.ndarray], w: int, cost: StepCost) -> dict[str,
     warm.intercepts.copy_(torch.as_tensor(intercepts, dtype=torch.float32))
     warm_result = oracle_bound(recorded, cost, estimator=warm)
     cold["av_warm"] = warm_result["av"]
-    for key in ("av_gain", "fraction"):
+    cold["av_drafting_warm"] = warm_result["av_drafting"]
+    for key in ("av_gain", "fraction", "drafting_gain", "drafting_fraction"):
         cold[f"{key}_warm"] = warm_result[key]
     return cold
 
@@ -173,18 +174,24 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"| {name} | {c['labels']} | " + " | ".join(fmt(c[k], 3) for k in keys) + " |")
     if result.get("oracle"):
         print("\n### Oracle bound (modelled with the cost tables)\n")
+        # (label, arm, gain key, fraction key) without the "_warm" suffix of the warm start
+        arms = (("AV", "av", "av_gain", "fraction"),
+                ("AV+drafting", "av_drafting", "drafting_gain", "drafting_fraction"))  # fmt: skip
         columns = ["workload", "fixed K tok/ms", "oracle tok/ms", "oracle gain"]
-        for start in ("cold", "warm"):
-            columns += [f"AV {start} tok/ms", f"AV {start} gain", f"AV {start} / oracle gain"]
+        for label, *_ in arms:
+            for start in ("cold", "warm"):
+                name = f"{label} {start}"
+                columns += [f"{name} tok/ms", f"{name} gain", f"{name} / oracle gain"]
         print("| " + " | ".join(columns) + " |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("|" + "---|" * len(columns))
         for name, o in result["oracle"].items():
             cells = [fmt(o["fixed"]["tokens_per_ms"]), fmt(o["oracle"]["tokens_per_ms"])]
             cells.append(f"{100 * o['oracle_gain']:+.1f}%")
-            for suffix, arm in (("", "av"), ("_warm", "av_warm")):
-                cells.append(fmt(o[arm]["tokens_per_ms"]))
-                cells.append(f"{100 * o['av_gain' + suffix]:+.1f}%")
-                cells.append(fmt(o["fraction" + suffix], 3))
+            for _, arm, gain, fraction in arms:
+                for suffix in ("", "_warm"):
+                    cells.append(fmt(o[arm + suffix]["tokens_per_ms"]))
+                    cells.append(f"{100 * o[gain + suffix]:+.1f}%")
+                    cells.append(fmt(o[fraction + suffix], 3))
             print(f"| {name} | " + " | ".join(cells) + " |")
         print("\nStatic trim (verify the first k of the drafts of every request), tokens/ms:\n")
         k = len(next(iter(result["oracle"].values()))["trim_to_k"]) - 1

@@ -205,7 +205,7 @@ def next_inputs(previous: StepInputs, out: StepOutputs) -> StepInputs:
         prev_num_accepted=accepted.cpu().int(),
         release_seq_ids=previous.release_seq_ids,
         adaptive_drafting=previous.adaptive_drafting,
-        draft_plan=out.draft_plan.detach().cpu().float(),
+        draft_plan=out.next_draft_plan.detach().cpu().float(),
     )
 
 

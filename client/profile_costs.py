@@ -215,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         "context_length": args.context,
         "repeats": args.repeats,
         "warmup": args.warmup,
-        "overhead": "--overhead-ms (in-process: no served-path hops)",
+        "overhead": "--overhead-ms: the served path's per-step fixed cost, measured on a "
+        "deployment by client/profile_serving_costs.py (in-process there are no hops)",
         "draft_pass": _rounded(draft_pass),
         "verify": _rounded(verify),
         "verify_by_tokens_and_rows": fit_tokens_and_rows(verify.extra["shapes"]),

@@ -111,3 +111,28 @@ def draft_limits(
         for cap, stop in zip(num_draft_tokens, stops, strict=True)
     ]
     return limits, stops
+
+
+def drafted_by_plan(
+    features: torch.Tensor, num_draft_tokens: torch.Tensor, plan: DraftPlan
+) -> torch.Tensor:
+    """num_drafted [rows] int32 of rows whose features at every position are known.
+
+    The stop rule of the draft stage applied at once (replays of recorded drafts, where the
+    features of positions a row would not have drafted were recorded anyway): a row drafts
+    min(cap, depth) positions, or fewer: through the first position whose survival is < tau.
+    features [rows, K] fp32 logit(q_max); num_draft_tokens [rows] caps.
+    """
+    check_shape("features", features, (None, None))
+    rows, k = features.shape
+    check_shape("num_draft_tokens", num_draft_tokens, (rows,))
+    limit = num_draft_tokens.long().clamp(max=plan.depth)
+    survival = torch.ones(rows, dtype=torch.float32, device=features.device)
+    drafted = torch.zeros(rows, dtype=torch.long, device=features.device)
+    going = torch.ones(rows, dtype=torch.bool, device=features.device)
+    for position in range(k):
+        going = going & (limit > position)
+        drafted = drafted + going.long()
+        survival = survival * stop_confidence(features[:, position], position, plan)
+        going = going & keeps_drafting(survival, plan)
+    return drafted.int()

@@ -3,20 +3,24 @@
 Triton-free so that it is unit-tested on constructed inputs; `client/eval_estimator.py` feeds it
 the drafts `client/collect_drafts.py` recorded.
 
-Oracle bound (spec section 4 cost model): from steps recorded with every draft verified
-(a_r drafts accepted of n_r drafted), with N requests and T tokens the target runs anyway,
-- fixed K: tokens sum(a_r + 1), cost draft(N) + verify(T + sum n_r);
-- oracle (verifies exactly the drafts that will be accepted): tokens sum(a_r + 1), cost
-  draft(N) + verify(T + sum a_r);
-- AV: the verifier (fresh estimator, same budget rule) replayed over the recorded features,
-  each request verifying v_r drafts: tokens sum(min(v_r, a_r) + 1), cost
-  draft(N) + verify(T + sum v_r); its outcome min(v_r, a_r) labels the estimator next step;
-- static trim to k: v_r = min(k, n_r) for every request, same tokens and cost rules as AV.
+Cost model: avspec.av.step_cost (overhead + the draft's pass over pending tokens + one draft
+pass per further position, priced by the rows in it + the target over the tokens it verifies).
+From steps recorded with every draft verified (a_r drafts accepted of n_r drafted), with T tokens
+the target runs anyway:
+- fixed K: drafts n_r, verifies n_r; tokens sum(a_r + 1);
+- oracle (drafts and verifies exactly the drafts that will be accepted): drafts a_r, verifies
+  a_r; tokens sum(a_r + 1) -- the bound with draft savings;
+- AV (verification only): the verifier (fresh estimator, same budget rule) replayed over the
+  recorded features, drafting n_r and verifying v_r: tokens sum(min(v_r, a_r) + 1);
+- AV + adaptive drafting: the same, with each row drafting d_r <= n_r by the plan the verifier
+  handed over at the previous step (avspec.av.drafting), the verifier ranking only those;
+- static K = k: drafts and verifies min(k, n_r), the fixed-K arms of a K sweep.
 Acceptance is sequential, so verifying a prefix of v_r drafts accepts min(v_r, a_r) of them.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,8 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from avspec.av.cost_table import CostTable
+from avspec.av.drafting import DraftPlan, drafted_by_plan
 from avspec.av.estimator import AcceptanceEstimator
+from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
 
@@ -65,70 +70,96 @@ class RecordedSteps:
 
 def oracle_bound(
     recorded: RecordedSteps,
-    draft_cost: CostTable,
-    verify_cost: CostTable,
+    cost: StepCost,
     config: EstimatorConfig | None = None,
     estimator: AcceptanceEstimator | None = None,
 ) -> dict[str, Any]:
-    """Tokens, modelled ms and tokens/ms of fixed K, oracle and AV, and AV's share of the gain.
+    """Tokens, modelled ms and tokens/ms of each arm, and AV's share of the oracle's gain.
 
-    The AV replay uses `estimator` (e.g. warm-started; it is updated in place) or a fresh one
-    built from `config` (default: the reference starting values, K = positions).
-    "fraction" = (AV - fixed) / (oracle - fixed) in tokens/ms; NaN if the oracle gains nothing.
-    "trim_to_k"[k]: tokens/ms of verifying the first min(k, n_r) drafts of every request (a
-    static trim, same draft cost), k = 0..positions.
+    The AV replays use copies of `estimator` (e.g. warm-started) or fresh ones built from
+    `config` (default: the reference starting values, K = positions).
+    "fraction" / "drafting_fraction" = (arm - fixed) / (oracle - fixed) in tokens/ms for AV
+    without / with adaptive drafting; NaN if the oracle gains nothing. "trim_to_k"[k]: tokens/ms
+    of drafting and verifying min(k, n_r) drafts of every request, k = 0..positions.
     """
     positions = recorded.features.shape[1]
     if estimator is None:
         estimator = AcceptanceEstimator(config or EstimatorConfig(num_positions=positions))
-    verifier = AdaptiveVerifier(estimator, draft_cost, verify_cost)
-    totals = {arm: [0.0, 0.0] for arm in ("fixed", "oracle", "av")}
+    totals = {arm: [0.0, 0.0] for arm in ("fixed", "oracle", "av", "av_drafting")}
     by_k = [[0.0, 0.0] for _ in range(positions + 1)]
-    for rows, v in _replay_av(verifier, recorded):
+    replays = zip(
+        _replay_av(AdaptiveVerifier(copy.deepcopy(estimator), cost, drafting=False), recorded),
+        _replay_av(AdaptiveVerifier(copy.deepcopy(estimator), cost), recorded),
+        strict=True,
+    )
+    for (rows, v, _), (_, v_d, d) in replays:
         n, a = recorded.num_draft[rows], recorded.num_accepted[rows]
         base = int(recorded.base_tokens[recorded.step[rows[0]]])
-        draft_ms = float(draft_cost(float(len(rows))))
         tokens = float((a + 1).sum())
-        for arm, arm_tokens, verified in (
-            ("fixed", tokens, n.sum()),
-            ("oracle", tokens, a.sum()),
-            ("av", float((np.minimum(v, a) + 1).sum()), v.sum()),
+        for arm, arm_tokens, drafted, verified in (
+            ("fixed", tokens, n, n),
+            ("oracle", tokens, a, a),
+            ("av", float((np.minimum(v, a) + 1).sum()), n, v),
+            ("av_drafting", float((np.minimum(v_d, a) + 1).sum()), d, v_d),
         ):
             totals[arm][0] += arm_tokens
-            totals[arm][1] += draft_ms + float(verify_cost(float(base + verified)))
+            totals[arm][1] += step_ms(cost, base, drafted, verified)
         for k in range(positions + 1):
-            verified_k = np.minimum(n, k)
-            by_k[k][0] += float((np.minimum(verified_k, a) + 1).sum())
-            by_k[k][1] += draft_ms + float(verify_cost(float(base + verified_k.sum())))
+            drafted_k = np.minimum(n, k)
+            by_k[k][0] += float((np.minimum(drafted_k, a) + 1).sum())
+            by_k[k][1] += step_ms(cost, base, drafted_k, drafted_k)
     return _summary(totals, by_k)
+
+
+def step_ms(cost: StepCost, base_tokens: int, drafted: np.ndarray, verified: np.ndarray) -> float:
+    """Modelled ms of one step: rows drafting `drafted` [rows], the target verifying `verified`."""
+    passes = torch.as_tensor(
+        [int((drafted > p).sum()) for p in range(1, int(drafted.max(initial=0)))],
+        dtype=torch.float64,
+    )
+    return (
+        cost.overhead_ms
+        + float(cost.pass_ms(torch.tensor(float(base_tokens))))
+        + float(cost.pass_ms(passes).sum())
+        + float(cost.verify(float(base_tokens + int(verified.sum()))))
+    )
 
 
 def _replay_av(
     verifier: AdaptiveVerifier, recorded: RecordedSteps
-) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Per recorded step: its rows [rows] and the drafts AV verifies of each [rows] int64.
+) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Per recorded step: its rows [rows], the drafts each drafts [rows] and AV verifies [rows].
 
-    The verifier sees each step's features and, as its label, the previous step's outcome
-    min(v_r, a_r); sequences absent from a step are released.
+    With `verifier.drafting`, each row drafts by the plan of the previous step
+    (`drafted_by_plan` on its recorded features), else all it recorded. The verifier sees each
+    step's features and, as its label, the previous step's outcome min(v_r, a_r); sequences
+    absent from a step are released.
     """
     prev_ids: list[int] = []
     prev_outcome = torch.zeros(0, dtype=torch.int32)
+    plan: DraftPlan | None = None
     bounds = np.flatnonzero(np.diff(recorded.step)) + 1
     for rows in np.split(np.arange(recorded.step.shape[0]), bounds):
         if rows.size == 0:
             continue
         ids = [int(i) for i in recorded.seq_id[rows]]
+        features = torch.as_tensor(recorded.features[rows], dtype=torch.float32)
+        caps = torch.as_tensor(recorded.num_draft[rows], dtype=torch.int32)
+        drafted = drafted_by_plan(features, caps, plan) if plan is not None else caps
         decision = verifier.step(
             seq_ids=torch.as_tensor(ids, dtype=torch.int64),
-            features=torch.as_tensor(recorded.features[rows], dtype=torch.float32),
-            num_draft_tokens=torch.as_tensor(recorded.num_draft[rows], dtype=torch.int32),
+            features=features,
+            num_draft_tokens=caps,
             adaptive=torch.ones(len(rows), dtype=torch.bool),
             prev_num_accepted=prev_outcome,
             release_seq_ids=torch.as_tensor(sorted(set(prev_ids) - set(ids)), dtype=torch.int64),
             base_tokens=int(recorded.base_tokens[recorded.step[rows[0]]]),
+            num_drafted=drafted,
+            adaptive_drafting=torch.full((len(rows),), verifier.drafting),
         )
+        plan = DraftPlan.from_tensor(decision.draft_plan, features.shape[1])
         v = decision.num_verify.numpy().astype(np.int64)
-        yield rows, v
+        yield rows, v, drafted.numpy().astype(np.int64)
         got = np.minimum(v, recorded.num_accepted[rows])
         prev_ids, prev_outcome = ids, torch.as_tensor(got, dtype=torch.int32)
 
@@ -144,4 +175,7 @@ def _summary(totals: dict[str, list[float]], by_k: list[list[float]]) -> dict[st
     out["av_gain"] = av / fixed - 1 if fixed else math.nan
     out["oracle_gain"] = oracle / fixed - 1 if fixed else math.nan
     out["fraction"] = (av - fixed) / (oracle - fixed) if oracle > fixed else math.nan
+    drafting = out["av_drafting"]["tokens_per_ms"]
+    out["drafting_gain"] = drafting / fixed - 1 if fixed else math.nan
+    out["drafting_fraction"] = (drafting - fixed) / (oracle - fixed) if oracle > fixed else math.nan
     return out

@@ -79,13 +79,18 @@ STAIRCASE = StepCost(
 # Last step's survival values (fixed: they are not this step's draws).
 STALE = torch.tensor([[0.9, 0.8, 0.7], [0.6, 0.3, 0.1]])
 SLOPE, INTERCEPTS = 0.5, (0.8, 0.6, 0.2)
+Q_SALT, P_SALT = 3, 40
 
 
 # --- the toy models ----------------------------------------------------------------------------
 
 
-# Weight patterns, from peaked (q_max = 3/4) to flat (q_max = 2/5): logit q_max varies by prefix.
-PATTERNS = ((6, 1, 1), (4, 3, 1), (2, 2, 1), (5, 2, 3), (1, 1, 2), (3, 1, 1))
+# Weight patterns per request: request 0 is unsure (q_max 2/5 .. 3/4, varying with the prefix),
+# request 1 confident (q_max 5/8 .. 4/5), so its deep drafts can outrank request 0's first one.
+PATTERNS = (
+    ((2, 2, 1), (4, 3, 1), (5, 2, 3), (1, 1, 2), (6, 1, 1), (3, 2, 2)),
+    ((6, 1, 1), (8, 1, 1), (5, 1, 2), (7, 2, 1)),
+)
 
 
 def _dist(salt: int, request: int, prefix: Seq) -> Dist:
@@ -93,8 +98,9 @@ def _dist(salt: int, request: int, prefix: Seq) -> Dist:
     code = salt + 13 * request
     for token in prefix:
         code = (code * 31 + 7 * token + 11) % 1009
-    pattern = PATTERNS[code % len(PATTERNS)]
-    shift = (code // len(PATTERNS)) % V
+    patterns = PATTERNS[request]
+    pattern = patterns[code % len(patterns)]
+    shift = (code // len(patterns)) % V
     weights = pattern[shift:] + pattern[:shift]
     total = sum(weights)
     return tuple(Fraction(w, total) for w in weights)
@@ -103,13 +109,13 @@ def _dist(salt: int, request: int, prefix: Seq) -> Dist:
 @functools.cache
 def _q(request: int, prefix: Seq) -> Dist:
     """Draft distribution q(. | request, prefix)."""
-    return _dist(3, request, prefix)
+    return _dist(Q_SALT, request, prefix)
 
 
 @functools.cache
 def _p(request: int, prefix: Seq) -> Dist:
     """Target distribution p(. | request, prefix)."""
-    return _dist(40, request, prefix)
+    return _dist(P_SALT, request, prefix)
 
 
 def _feature(request: int, prefix: Seq) -> float:

@@ -13,10 +13,11 @@ bench = load_client_script("bench_serving")
 
 def test_parse_arms():
     arms = bench.parse_arms("default", 3)
-    assert [a.name for a in arms] == ["none", "k1", "k2", "k3", "av3"]
+    assert [a.name for a in arms] == ["none", "k1", "k2", "k3", "av3", "ad3"]
     assert arms[0].num_draft_tokens == 0 and arms[-1].adaptive and not arms[1].adaptive
+    assert arms[-1].drafting and not arms[-2].drafting and arms[-2].adaptive
     assert [a.num_draft_tokens for a in bench.parse_arms("k2, av1", 3)] == [2, 1]
-    for bad in ("k0", "k4", "x2", "av", "k2,k2"):
+    for bad in ("k0", "k4", "x2", "av", "ad0", "k2,k2"):
         with pytest.raises(ValueError):
             bench.parse_arms(bad, 3)
 
@@ -27,7 +28,7 @@ def test_parse_args_errors(tmp_path: Path):
     with pytest.raises(SystemExit):
         bench.parse_args(["--out", str(tmp_path), "--concurrency", "0"])
     args = bench.parse_args(["--out", str(tmp_path), "--concurrency", "4,1,4"])
-    assert args.concurrency == [1, 4] and len(args.arm_list) == 10
+    assert args.concurrency == [1, 4] and len(args.arm_list) == 11
 
 
 def point(c, arm, x, y):
@@ -52,7 +53,7 @@ def test_write_outputs(tmp_path: Path):
     text = bench.write_outputs(tmp_path, args, arms, points)
     assert "concurrency 1: on the frontier: av2" in text
     assert "av2 on the frontier at 2 of 2" in text
-    goals = json.loads((tmp_path / "points.json").read_text())["goals"]["code"]
-    assert goals["av_over_fixed_kmax_at_high"] == pytest.approx(40 / 30)
+    goals = json.loads((tmp_path / "points.json").read_text())["goals"]["code"]["av2"]
+    assert goals["av_over_best_fixed"] == pytest.approx({"1": 12.5 / 12, "4": 40 / 30})
     assert (tmp_path / "frontier_code.png").stat().st_size > 1000
     assert (tmp_path / "points.csv").read_text().count("\n") == 7

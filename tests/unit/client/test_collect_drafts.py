@@ -92,6 +92,9 @@ def test_eval_estimator_report(drafts: Path, tmp_path: Path, capsys: pytest.Capt
     assert set(result["coefficients"]) == {"code", "prose"}
     o = result["oracle"]["code"]
     assert o["oracle"]["tokens_per_ms"] >= o["fixed"]["tokens_per_ms"]
+    for arm in ("av", "av_warm", "av_drafting", "av_drafting_warm"):
+        assert o[arm]["tokens_per_ms"] > 0, arm
+    assert "AV+drafting warm tok/ms" in printed
 
 
 def test_eval_estimator_missing_cost_tables(drafts: Path, tmp_path: Path):

@@ -210,3 +210,24 @@ def test_planned_drafts_follow_the_draft_stage_rule() -> None:
     assert got.tolist() == [3, 2, 2, 1] and got.dtype == torch.int32
     strict = DraftPlan(0.8, 4, 1.0, tuple(torch.logit(c).tolist())).to_tensor()
     assert gpu_check.planned_drafts(strict, torch.zeros(4, 4), caps).tolist() == [2, 2, 2, 2]
+
+
+def test_planned_drafts_agree_with_the_library_rule() -> None:
+    """The device-only rule equals avspec.av.drafting.drafted_by_plan (host plan) for plans of
+    depth >= 1 (plan_step never plans depth 0)."""
+    from avspec.av.drafting import drafted_by_plan
+
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        k = int(torch.randint(1, 6, (), generator=gen))
+        batch = int(torch.randint(1, 8, (), generator=gen))
+        plan = DraftPlan(
+            float(torch.rand((), generator=gen)) * 0.8,
+            int(torch.randint(1, k + 1, (), generator=gen)),
+            float(torch.rand((), generator=gen)) + 0.1,
+            tuple(torch.randn(k, generator=gen).tolist()),
+        )
+        features = torch.randn(batch, k, generator=gen) * 3
+        caps = torch.randint(0, k + 1, (batch,), generator=gen).int()
+        got = gpu_check.planned_drafts(plan.to_tensor(), features, caps)
+        assert torch.equal(got, drafted_by_plan(features, caps, plan)), plan

@@ -128,10 +128,14 @@ def test_goal_checks():
         point(8, "k1", 3, 30), point(8, "k2", 2, 40), point(8, "av2", 2.5, 50),
     ]  # fmt: skip
     mark_frontier(points)
+    points += [point(16, "k1", 1, 60), point(16, "k2", 0.9, 70), point(16, "av2", 1.0, 77.7)]
+    mark_frontier(points)
     g = goal_checks(points, "w", "av2", ["k1", "k2"])
-    assert g["av_over_fixed_kmax_at_high"] == pytest.approx(50 / 40)
-    assert g["av_over_best_fixed_at_low"] == pytest.approx(10.45 / 11)
-    assert g["av_on_frontier"] == [8] and g["av_on_frontier_count"] == 1
-    assert g["concurrencies"] == 2 and (g["low_concurrency"], g["high_concurrency"]) == (1, 8)
+    assert g["av_over_best_fixed"] == pytest.approx({"1": 10.45 / 11, "8": 50 / 40, "16": 1.11})
+    assert g["high_goal_met"]  # 1.11 >= 1.10 at c = 16
+    assert not g["low_goal_met"]  # 0.95 < 0.98 at c = 1
+    assert g["av_on_frontier"] == [8, 16] and g["av_on_frontier_count"] == 2
+    assert g["concurrencies"] == 3
     missing = goal_checks(points, "w", "av4", ["k1", "k4"])
-    assert math.isnan(missing["av_over_fixed_kmax_at_high"]) and missing["av_on_frontier"] == []
+    assert math.isnan(missing["av_over_best_fixed"]["1"]) and missing["av_on_frontier"] == []
+    assert not missing["high_goal_met"] and not missing["low_goal_met"]
