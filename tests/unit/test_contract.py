@@ -24,6 +24,8 @@ def test_read_step_inputs_reads_the_bookkeeping_vectors_to_the_host() -> None:
         num_draft_tokens=[3, 0],
         random_seed=[11, 0],
         release_seq_ids=[9],
+        adaptive=inputs.adaptive.tolist(),
+        adaptive_drafting=[False, False],  # not sent: fixed drafting
     )
 
 

@@ -38,7 +38,7 @@ def plan_step(
     num_draft_tokens: torch.Tensor,
     adaptive: torch.Tensor,
     adaptive_drafting: torch.Tensor,
-    base_tokens: int | torch.Tensor,
+    base_tokens: int,
     cost: StepCost,
 ) -> StepPlan:
     """Budget, depth and threshold from stale survival values; see the module doc.
@@ -69,6 +69,10 @@ def plan_step(
     ):  # fmt: skip
         check_shape(name, t, (batch,))
     check_same_device(stale=stale, num_draft_tokens=num_draft_tokens, adaptive=adaptive)
+    if isinstance(base_tokens, bool) or int(base_tokens) < 0:
+        raise ValueError(f"base_tokens must be an int >= 0, got {base_tokens!r}")
+    if batch and num_pos == 0:
+        raise ValueError("stale has K = 0 draft positions; K must be >= 1")
     device = stale.device
     caps = num_draft_tokens.long()
     adaptive = adaptive.bool()
@@ -81,11 +85,10 @@ def plan_step(
     # Rows that draft to their caps fill passes p >= 1 whatever the budget.
     full_rows = (within & ~drafter[:, None]).sum(0)  # [K]
     full_rows[:1] = 0
-    fixed_ms = (
-        cost.overhead_ms
-        + cost.pass_ms(torch.as_tensor(base_tokens, device=device)).sum()
-        + cost.pass_ms(full_rows).sum()
-    )
+    # The pending-token pass is priced on the host: a device tensor built from a Python number
+    # would be a blocking host-to-device copy on CUDA.
+    pending_ms = float(cost.draft_pass(float(base_tokens))) if int(base_tokens) > 0 else 0.0
+    fixed_ms = cost.overhead_ms + pending_ms + cost.pass_ms(full_rows).sum()
 
     # Position-major order with a stable sort: ties go to the earlier position, then the row.
     flat = stale.double().transpose(0, 1).reshape(-1)  # [K * batch], index p * batch + r
