@@ -45,10 +45,13 @@ def save_step_cost(path: str | Path, cost: StepCost, measured: dict[str, Any] | 
     }
     text = json.dumps(document, indent=2, allow_nan=False) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
+    # mkstemp makes the file 0600; the server may run as another user: keep the old file's mode.
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

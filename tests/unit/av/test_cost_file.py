@@ -44,6 +44,24 @@ def test_round_trip(tmp_path: Path) -> None:
     assert [p.name for p in path.parent.iterdir()] == ["costs.json"]  # no temp file left
 
 
+def test_file_mode_is_readable_or_kept(tmp_path: Path) -> None:
+    path = tmp_path / "costs.json"
+    save_step_cost(path, _cost(), None)
+    assert path.stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600
+    path.chmod(0o640)
+    save_step_cost(path, _cost(), None)
+    assert path.stat().st_mode & 0o777 == 0o640
+
+
+def test_fractional_sizes_round_trip(tmp_path: Path) -> None:
+    """Served tables have sizes like 2.071 sequences per step; integral ones are written as ints."""
+    path = tmp_path / "served.json"
+    cost = StepCost(CostTable([1.0, 2.071], [1.0, 2.0]), CostTable([1.25, 64], [3.0, 9.0]), 0.0)
+    save_step_cost(path, cost, None)
+    assert json.loads(path.read_text())["verify"]["sizes"] == [1.25, 64]
+    assert load_step_cost(path).draft_pass.sizes == [1.0, 2.071]
+
+
 def test_measured_defaults_to_empty(tmp_path: Path) -> None:
     assert _good(tmp_path)["measured"] == {}
 
