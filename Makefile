@@ -64,7 +64,7 @@ BENCH_COSTS ?= $(firstword $(wildcard models/cost_tables.json) bench/cost_tables
 bench: $(STAMP)
 	$(PY) client/bench_serving.py --start-server \
 		$(if $(wildcard $(BENCH_COSTS)),--cost-tables $(BENCH_COSTS)) \
-		--concurrency 1,4,16,64 --arms none,k2,k4,k8,av8 --workloads code,high_entropy \
+		--concurrency 1,4,16,64 --arms none,k2,k4,k8,av8,ad8 --workloads code,high_entropy \
 		--prompts 64 --max-tokens 32 --rounds 2 --warmup-requests 128 --out bench/reduced
 
 # Soak (client/soak.py): starts its own server on free ports, holds 64 concurrent client loops
