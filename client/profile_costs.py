@@ -37,6 +37,7 @@ from avspec.tools.profiler import (
     fit_tokens_and_rows,
     profile_draft_pass,
     profile_verify_cost,
+    verify_points,
 )
 
 RANDOM_TARGET = TransformerConfig(num_layers=4, width=256, num_heads=4)
@@ -203,7 +204,14 @@ def main(argv: list[str] | None = None) -> int:
             target, k, args.verify_batch_sizes, on_point=lambda *_: bar.update(), **common
         )
     seconds = time.perf_counter() - begin
-    cost = StepCost(draft_pass.table("draft_pass"), verify.table("verify"), args.overhead_ms)
+    fit = fit_tokens_and_rows(verify.extra["shapes"])
+    row_ms = max(fit["per_row_ms"], 0.0)
+    # The table by tokens, net of the target's per-row cost (avspec.av.step_cost).
+    verify = verify_points(verify.extra["shapes"], verify.extra.pop("samples"), row_ms)
+    verify.extra.pop("samples")
+    cost = StepCost(
+        draft_pass.table("draft_pass"), verify.table("verify"), args.overhead_ms, row_ms
+    )
     measured = {
         "command": shlex.join(["python", "client/profile_costs.py", *argv]),
         "device": device_name(args.device),
@@ -219,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         "deployment by client/profile_serving_costs.py (in-process there are no hops)",
         "draft_pass": _rounded(draft_pass),
         "verify": _rounded(verify),
-        "verify_by_tokens_and_rows": fit_tokens_and_rows(verify.extra["shapes"]),
+        "verify_by_tokens_and_rows": fit,
     }
     save_step_cost(args.output, cost, measured)
     print(f"{what} on {measured['device']}, {seconds:.0f} s")
@@ -229,7 +237,6 @@ def main(argv: list[str] | None = None) -> int:
                       draft_pass.extra["stage_fixed_ms"], strict=True))  # fmt: skip
     print(f"draft stage per-call ms besides its passes (not in the tables), by rows: {fixed}")
     print_table("verify (target stage)", "tokens", verify, cost.verify.millis)
-    fit = measured["verify_by_tokens_and_rows"]
     print(f"verify ~ {fit['fixed_ms']:.2f} + {fit['per_token_ms']:.3f} * tokens + "
           f"{fit['per_row_ms']:.3f} * rows ms (largest error over the shapes: "
           f"{fit['max_rel_error_with_rows']:.0%}; by tokens alone "

@@ -31,6 +31,7 @@ class StepPlan:
     threshold: torch.Tensor  # float64: tau in [0, 1]
     expected_tokens: torch.Tensor  # float64: tokens expected at the budget
     expected_ms: torch.Tensor  # float64: step ms the cost model predicts at the budget
+    base_ms: torch.Tensor  # float64: the same with no adaptive draft admitted (budget 0)
 
 
 def plan_step(
@@ -51,15 +52,20 @@ def plan_step(
     base_tokens: tokens the target runs anyway.
 
         expected[b] = N + sum of the b best stale scores
-        ms[b]       = overhead + draft_pass(T) + draft passes of full rows
+        ms[b]       = overhead + draft_pass(T) + draft passes of full rows + verify_row_ms * N
                       + the passes the b best need (a draft at position p >= 1 of an adaptive
                         drafter adds one row to pass p) + verify(T + full drafts + b)
         budget      = argmax_b expected[b] / ms[b]   (ties: smallest b)
         depth       = 1 + deepest admitted position of an adaptive drafter (at least 1)
-        threshold   = (expected / ms at the budget) * (draft ms per row + verify ms per token)
+        threshold   = (expected / ms at the budget) * (ms[budget] - ms[0]) / budget
+                      (budget 0: times the marginal ms of a first draft)
 
-    The threshold is the exchange rate of the budget: one more draft is worth drafting while its
-    survival pays for the row it adds to a pass and the token it adds to verification.
+    The threshold is the exchange rate of the budget: a draft is worth drafting while its
+    survival pays for what an admitted draft costs on average (its row in a draft pass, its
+    token in verification, its share of the passes opened and of the verify table's steps).
+    Measured on replays of recorded drafts (bench/drafts.npz, client/eval_estimator.py), this
+    beat the slope at the budget (which a staircase table turns into the price of the next
+    step), the slope just below it, and the lowest admitted score.
     """
     check_shape("stale", stale, (None, None))
     batch, num_pos = stale.shape
@@ -88,7 +94,8 @@ def plan_step(
     # The pending-token pass is priced on the host: a device tensor built from a Python number
     # would be a blocking host-to-device copy on CUDA.
     pending_ms = float(cost.draft_pass(float(base_tokens))) if int(base_tokens) > 0 else 0.0
-    fixed_ms = cost.overhead_ms + pending_ms + cost.pass_ms(full_rows).sum()
+    rows_ms = cost.verify_row_ms * batch  # every row runs through the target
+    fixed_ms = cost.overhead_ms + pending_ms + rows_ms + cost.pass_ms(full_rows).sum()
 
     # Position-major order with a stable sort: ties go to the earlier position, then the row.
     flat = stale.double().transpose(0, 1).reshape(-1)  # [K * batch], index p * batch + r
@@ -115,9 +122,13 @@ def plan_step(
     depth = (torch.where(admitted, pos, 0).max() if admitted.numel() else pos.new_zeros(())) + 1
     drafters = drafter.sum()
     rate = ratio[budget]
-    marginal = (
-        cost.draft_pass.slope(drafters.clamp_min(1)).double()
-        + cost.verify.slope(tokens + budget).double()
+    # ms per admitted draft on average (passes opened and verify-cost steps included), so a
+    # staircase table does not make the next step's slope the price of every draft; with
+    # nothing admitted, the marginal ms of the first draft.
+    first = (
+        cost.draft_pass.slope(drafters.clamp_min(1)).double() + cost.verify.slope(tokens).double()
     )
+    average = (millis[budget] - millis[0]) / budget.clamp_min(1)
+    marginal = torch.where(budget > 0, average, first)
     threshold = (rate * marginal).clamp(0.0, 1.0)
-    return StepPlan(budget, depth.long(), threshold, expected[budget], millis[budget])
+    return StepPlan(budget, depth.long(), threshold, expected[budget], millis[budget], millis[0])

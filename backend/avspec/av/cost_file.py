@@ -2,6 +2,7 @@
 
     {"format": "avspec-step-cost/1",
      "overhead_ms": 1.2,                                   per-step fixed cost (served path hops)
+     "verify_row_ms": 0.5,                                 target ms per row (optional, 0)
      "draft_pass": {"sizes": [1, 2, 4, ...], "millis": [...]},   one draft forward, by rows
      "verify": {"sizes": [1, 2, ...], "millis": [...]},          target forward, by tokens
      "measured": {...}}                                    provenance: raw samples or medians and
@@ -39,6 +40,7 @@ def save_step_cost(path: str | Path, cost: StepCost, measured: dict[str, Any] | 
     document = {
         "format": FORMAT,
         "overhead_ms": float(cost.overhead_ms),
+        "verify_row_ms": float(cost.verify_row_ms),
         "draft_pass": _table(cost.draft_pass),
         "verify": _table(cost.verify),
         "measured": dict(measured or {}),
@@ -91,14 +93,16 @@ def load_step_cost(path: str | Path) -> StepCost:
             f"re-profile it: {PROFILE_COMMAND}"
         )
     overhead = document.get("overhead_ms")
-    if not _number(overhead) or not (math.isfinite(overhead) and overhead >= 0):
-        raise ValueError(
-            f"cost file {path}: field 'overhead_ms' must be a finite number >= 0, got {overhead!r}"
-        )
+    row_ms = document.get("verify_row_ms", 0.0)
+    for field, value in (("overhead_ms", overhead), ("verify_row_ms", row_ms)):
+        if not _number(value) or not (math.isfinite(value) and value >= 0):
+            raise ValueError(
+                f"cost file {path}: field {field!r} must be a finite number >= 0, got {value!r}"
+            )
     if not isinstance(document.get("measured", {}), dict):
         raise ValueError(f"cost file {path}: field 'measured' must be an object")
     tables = [_read_table(path, document, name) for name in TABLES]
-    return StepCost(tables[0], tables[1], float(overhead))
+    return StepCost(tables[0], tables[1], float(overhead), float(row_ms))
 
 
 def default_step_cost(max_rows: int, max_tokens: int) -> StepCost:

@@ -6,11 +6,13 @@ rows and milliseconds of each draft pass, the tokens and milliseconds of the tar
 step's wall milliseconds, and every `every` steps it rewrites the StepCost in place:
 
 - each observation of a table (a draft pass, or the target forward) gives a ratio
-  observed ms / PROFILED ms at its size and joins the window (the last `window` ratios) of the
+  observed ms / PROFILED ms at its size (for the target: its table at the tokens plus
+  verify_row_ms times its rows) and joins the window (the last `window` ratios) of the
   nearest ladder size of that table (absolute distance, ties to the smaller size);
 - the new table is the profiled one with each ladder point scaled by the median ratio of its
   window (a point with no ratios: the median of all the table's ratios; a table with none at all
   is left as it is), refitted isotonically with each point weighted by its number of ratios;
+  verify_row_ms is the profiled one scaled by the median of all the target's ratios;
 - overhead_ms = median over the last `window` steps of (step ms - draft ms - target ms),
   clamped at 0; steps without a wall time do not count.
 
@@ -53,7 +55,7 @@ class CostRefresh:
         self.window = window
         self.every = every
         # The tables as measured (the CostTables are never modified): ratios are taken to them.
-        self.profiled = StepCost(cost.draft_pass, cost.verify, cost.overhead_ms)
+        self.profiled = StepCost(cost.draft_pass, cost.verify, cost.overhead_ms, cost.verify_row_ms)
         self.steps = 0  # steps observed (enabled, valid)
         self.updates = 0  # refreshes that changed the StepCost
         self._ratios = {
@@ -70,12 +72,14 @@ class CostRefresh:
         verify_tokens: int,
         verify_ms: float,
         step_ms: float | None,
+        verify_rows: int = 0,
     ) -> None:
         """One served step; a no-op when disabled.
 
         draft_rows[p], draft_ms[p]: rows and ms of draft pass p (pass 0: the tokens of the
         pending-input pass; a pass with 0 rows was not run and is skipped). verify_tokens,
-        verify_ms: the target forward. step_ms: the step's wall ms as the scheduler measured it,
+        verify_ms: the target forward; verify_rows: the rows it ran (0: the per-row term is
+        left out). step_ms: the step's wall ms as the scheduler measured it,
         or None. ValueError naming the field for a negative or non-finite value, a fractional
         row or token count, or draft_rows and draft_ms of different lengths; nothing is
         recorded then.
@@ -87,6 +91,7 @@ class CostRefresh:
         if len(rows) != len(millis):
             raise ValueError(f"draft_rows has {len(rows)} passes but draft_ms has {len(millis)}")
         tokens = _count("verify_tokens", verify_tokens)
+        verify_rows = _count("verify_rows", verify_rows)
         target_ms = _millis("verify_ms", verify_ms)
         wall = None if step_ms is None else _millis("step_ms", step_ms)
 
@@ -94,11 +99,15 @@ class CostRefresh:
             if size > 0:
                 self._add("draft_pass", size, ms)
         if tokens > 0:
-            self._add("verify", tokens, target_ms)
+            self._add("verify", tokens, target_ms, self.profiled.verify_row_ms * verify_rows)
         if wall is not None:
             self._overheads.append(wall - sum(millis) - target_ms)
             self._steps.append(
-                (_predict(self.cost, rows, tokens), _predict(self.profiled, rows, tokens), wall)
+                (
+                    _predict(self.cost, rows, tokens, verify_rows),
+                    _predict(self.profiled, rows, tokens, verify_rows),
+                    wall,
+                )
             )
         self.steps += 1
         if self.steps % self.every == 0:
@@ -140,9 +149,9 @@ class CostRefresh:
             )
         return out
 
-    def _add(self, name: str, size: int, ms: float) -> None:
+    def _add(self, name: str, size: int, ms: float, extra_ms: float = 0.0) -> None:
         profiled: CostTable = getattr(self.profiled, name)
-        predicted = profiled.at(size)
+        predicted = profiled.at(size) + extra_ms
         if predicted <= 0.0:
             return  # a free point has no ratio
         self._ratios[name][_nearest(profiled.sizes, float(size))].append(ms / predicted)
@@ -162,6 +171,8 @@ class CostRefresh:
             ]
             weights = [max(1, len(w)) for w in windows]
             setattr(self.cost, name, CostTable(profiled.sizes, scaled, profiled.name, weights))
+            if name == "verify":
+                self.cost.verify_row_ms = self.profiled.verify_row_ms * overall
             changed = True
         if self._overheads:
             self.cost.overhead_ms = max(0.0, float(statistics.median(self._overheads)))
@@ -170,10 +181,10 @@ class CostRefresh:
             self.updates += 1
 
 
-def _predict(cost: StepCost, rows: list[int], tokens: int) -> float:
+def _predict(cost: StepCost, rows: list[int], tokens: int, verify_rows: int) -> float:
     """Step ms the cost model gives for these passes and target tokens (host floats)."""
     draft = sum(cost.draft_pass.at(r) for r in rows if r > 0)
-    return cost.overhead_ms + draft + (cost.verify.at(tokens) if tokens > 0 else 0.0)
+    return cost.overhead_ms + draft + cost.verify_ms(tokens, verify_rows)
 
 
 def _nearest(sizes: list[float], size: float) -> int:

@@ -20,8 +20,12 @@ drawn):
   positions of a request never outrank earlier ones (ties: position, then row), so whether x_i is
   admitted depends on s_i, other requests and the stale budget.
 
-Unsafe, and caught by tests/unit/av/test_drafting_exact.py: a stop that compares a row with this
-step's other rows, a refit or normalisation inside the step, a decision on q(x_i) of the token.
+Unsafe, and caught by tests/unit/av/test_drafting_exact.py: a batch-level stop from this step's
+survivals (e.g. end the loop when the batch's summed survival falls below a cost: it removes
+candidates whose rank depended on another draft), a budget from this step's values, a refit or
+normalisation inside the step, a decision on q(x_i) of the token itself. Comparing a row with
+another row at the same position is safe (that test proves it): both values are known before
+either row's x_i is drawn.
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ class DraftPlan:
         """Read a plan tensor on the host; empty -> None (no plan: draft every row to its cap).
 
         ValueError naming the problem for a wrong shape or values: non-finite entries, a
-        threshold outside [0, 1], a depth that is not an integer in 0..num_positions, or fewer
+        threshold outside [0, 1], a depth that is not an integer in 1..num_positions (x_0 is
+        always drafted), or fewer
         than num_positions intercepts.
         """
         check_shape("draft_plan", plan, (None,))
@@ -72,8 +77,8 @@ class DraftPlan:
         threshold, depth, slope = values[:_HEAD]
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"draft_plan threshold {threshold} outside [0, 1]")
-        if depth != int(depth) or not 0 <= depth <= num_positions:
-            raise ValueError(f"draft_plan depth {depth} is not an integer in 0..{num_positions}")
+        if depth != int(depth) or not 1 <= depth <= num_positions:
+            raise ValueError(f"draft_plan depth {depth} is not an integer in 1..{num_positions}")
         intercepts = tuple(values[_HEAD : _HEAD + num_positions])
         return cls(threshold, int(depth), slope, intercepts)
 

@@ -4,10 +4,14 @@
             + draft_pass(tokens the draft runs first)       the pass over pending inputs (draft 0)
             + sum_{p >= 1} draft_pass(rows drafting at p)   one decode pass per further draft
             + verify(tokens the target runs)                base tokens + admitted drafts
+            + verify_row_ms * rows the target runs          per-row work (sampling, attention
+                                                            over each row's own context)
 
 `draft_pass` is the cost of one draft forward as a function of the rows (tokens) it runs; a pass
-with no row is not run and costs 0. `verify` is the target forward as a function of tokens. Both
-are `CostTable`s (monotone, measured; avspec.tools.profiler). The file format is
+with no row is not run and costs 0. `verify` is the target forward as a function of tokens,
+net of its per-row part: measured here, 64 tokens cost 28 ms as 64 rows of 1 and 14 ms as 16 rows
+of 4, so a table by tokens alone mistakes batch size for verification cost. Both are
+`CostTable`s (monotone, measured; avspec.tools.profiler). The file format is
 `avspec.av.cost_file`.
 """
 
@@ -27,11 +31,18 @@ class StepCost:
     draft_pass: CostTable  # ms of one draft forward, by rows (tokens) in it
     verify: CostTable  # ms of the target forward, by tokens
     overhead_ms: float = 0.0  # per-step fixed cost paid whatever is drafted or verified
+    verify_row_ms: float = 0.0  # target ms per row it runs, besides the tokens
 
     def __post_init__(self) -> None:
-        if not 0.0 <= float(self.overhead_ms) < float("inf"):
-            raise ValueError(f"overhead_ms must be finite and >= 0, got {self.overhead_ms}")
-        self.overhead_ms = float(self.overhead_ms)
+        for name in ("overhead_ms", "verify_row_ms"):
+            value = float(getattr(self, name))
+            if not 0.0 <= value < float("inf"):
+                raise ValueError(f"{name} must be finite and >= 0, got {getattr(self, name)}")
+            setattr(self, name, value)
+
+    def verify_ms(self, tokens: float, rows: float) -> float:
+        """Host ms of the target over `tokens` tokens in `rows` rows."""
+        return (self.verify.at(tokens) if tokens > 0 else 0.0) + self.verify_row_ms * rows
 
     def pass_ms(self, rows: torch.Tensor) -> torch.Tensor:
         """ms of draft passes with `rows` rows each (any shape); 0 where rows == 0 (not run)."""
@@ -48,10 +59,12 @@ class StepCost:
         max_rows: int,
         max_tokens: int,
         overhead_ms: float = 0.0,
+        verify_row_ms: float = 0.0,
     ) -> StepCost:
         """Straight-line tables (defaults and tests): fixed + per-unit * size."""
         return cls(
             CostTable.linear(draft_fixed_ms, draft_per_row_ms, max_rows, name="draft_pass"),
             CostTable.linear(verify_fixed_ms, verify_per_token_ms, max_tokens, name="verify"),
             overhead_ms,
+            verify_row_ms,
         )

@@ -235,7 +235,9 @@ class AdaptiveVerifier:
         rows = [pending.base_tokens] + [int((drafted > p).sum()) for p in range(1, k)]
         tokens = pending.base_tokens + int(pending.num_verify.detach().cpu().long().sum())
         try:
-            self.refresh.observe(rows, timing[:k], tokens, timing[k], timing[k + 1])
+            self.refresh.observe(
+                rows, timing[:k], tokens, timing[k], timing[k + 1], verify_rows=len(drafted)
+            )
         except ValueError:
             self.num_bad_timings += 1
 

@@ -121,7 +121,7 @@ def step_ms(cost: StepCost, base_tokens: int, drafted: np.ndarray, verified: np.
         cost.overhead_ms
         + float(cost.pass_ms(torch.tensor(float(base_tokens))))
         + float(cost.pass_ms(passes).sum())
-        + float(cost.verify(float(base_tokens + int(verified.sum()))))
+        + cost.verify_ms(base_tokens + int(verified.sum()), len(drafted))
     )
 
 

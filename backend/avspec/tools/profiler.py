@@ -110,10 +110,25 @@ def profile_verify_cost(
             on_point(shapes[index]["size"], shapes[index]["median_ms"])
 
     timed = interleaved_ms(calls, repeats, warmup, device, on_done=done)
+    samples = [times for (times,) in timed]
+    return verify_points(shapes, samples, per_row_ms=0.0)
+
+
+def verify_points(
+    shapes: Sequence[dict], samples: Sequence[Sequence[float]], per_row_ms: float
+) -> CostPoints:
+    """The verify table's points by tokens, net of `per_row_ms` * batch of each shape.
+
+    shapes[i] ("batch", "size", ...) and samples[i] (its timed ms) as profile_verify_cost
+    records them; a size reached by several shapes pools their samples. extra keeps the shapes
+    and the samples, so the table can be rebuilt net of a fitted per-row cost.
+    """
     measured: dict[int, list[float]] = {}
-    for shape, (times,) in zip(shapes, timed, strict=True):
-        measured.setdefault(shape["size"], []).extend(times)
-    return CostPoints.from_samples(measured, {"shapes": shapes})
+    for shape, times in zip(shapes, samples, strict=True):
+        net = [t - per_row_ms * shape["batch"] for t in times]
+        measured.setdefault(shape["size"], []).extend(net)
+    extra = {"shapes": list(shapes), "samples": [list(t) for t in samples]}
+    return CostPoints.from_samples(measured, extra)
 
 
 def profile_draft_pass(

@@ -241,16 +241,19 @@ def test_depth_is_at_least_one(caps, cost):
     ],
 )
 def test_threshold_is_rate_times_marginal_cost_in_unit_interval(cost, drafting, want):
-    """tau = clamp((expected tokens / ms at the budget) * (draft ms per row at the drafters'
-    count + verify ms per token at T + budget), 0, 1)."""
+    """tau = clamp((expected tokens / ms at the budget) * (ms per admitted draft on average), 0,
+    1); with nothing admitted, the marginal ms of a first draft (draft ms per row at the
+    drafters' count + verify ms per token at T)."""
     stale = [[0.95, 0.7, 0.4], [0.8, 0.6, 0.3], [0.5, 0.2, 0.1]]
     plan = _plan(stale, drafting=drafting, base=3, cost=cost)
     assert 0.0 <= float(plan.threshold) <= 1.0
     rate = float(plan.expected_tokens) / float(plan.expected_ms)
-    drafters = max(sum(drafting), 1)
-    marginal = float(cost.draft_pass.slope(drafters)) + float(
-        cost.verify.slope(3 + int(plan.budget))
-    )
+    budget = int(plan.budget)
+    if budget:
+        marginal = (float(plan.expected_ms) - float(plan.base_ms)) / budget
+    else:
+        drafters = max(sum(drafting), 1)
+        marginal = float(cost.draft_pass.slope(drafters)) + float(cost.verify.slope(3))
     assert float(plan.threshold) == pytest.approx(min(max(rate * marginal, 0.0), 1.0))
     if want is not None:
         assert float(plan.threshold) == want
@@ -260,12 +263,24 @@ def test_threshold_for_linear_costs_by_hand():
     """One drafter, cap 2, stale [0.9, 0.5], base 1; draft 1 + 0.2 rows, verify 2 + 0.3 tokens.
 
     ms[b] = 1.2 (pass 0) + [0, 0, 1.2][b] + 2 + 0.3 (1 + b); expected 1, 1.9, 2.4:
-    ratios 1/3.5, 1.9/3.8 = 0.5, 2.4/5.3 -> b = 1, tau = 0.5 * (0.2 + 0.3) = 0.25.
+    ratios 1/3.5, 1.9/3.8 = 0.5, 2.4/5.3 -> b = 1; the admitted draft cost 3.8 - 3.5 = 0.3 ms
+    (x_0 opens no pass), tau = 0.5 * 0.3 = 0.15.
     """
     cost = StepCost.linear(1.0, 0.2, 2.0, 0.3, 8, 64)
     plan = _plan([[0.9, 0.5]], drafting=[True], cost=cost)
     assert (int(plan.budget), int(plan.depth)) == (1, 1)
-    assert float(plan.threshold) == pytest.approx(0.25)
+    assert float(plan.threshold) == pytest.approx(0.15)
+    assert float(plan.base_ms) == pytest.approx(3.5)
+
+
+def test_threshold_on_a_staircase_is_not_the_next_steps_slope():
+    """Verify 2 ms flat up to 4 tokens, then 1.5 ms per token: the budget stops before the
+    stair, and tau prices what the admitted drafts cost (0 here), not the stair above them."""
+    stair = CostTable([0, 4, 8], [2.0, 2.0, 8.0], name="verify")
+    cost = StepCost(FREE_DRAFT, stair)
+    plan = _plan([[0.9, 0.8, 0.7]], drafting=[True], base=1, cost=cost)
+    assert int(plan.budget) == 3
+    assert float(plan.threshold) == pytest.approx(0.0)
 
 
 def test_result_stays_on_the_device_of_the_scores():

@@ -1,14 +1,16 @@
 """Exact losslessness of adaptive drafting + adaptive verification, by enumeration in Fractions.
 
 World: vocabulary V = 3, two requests, K = 3 draft positions. The draft q(. | r, prefix) and the
-target p(. | r, prefix) are fixed rational tables computed from (request, tokens so far) (`_dist`):
-every entry positive, q != p at every prefix. One speculative step is enumerated branch by branch,
+target p(. | r, prefix) are fixed rational tables (DRAFT, TARGET) keyed by the request and the last
+token of the step: every entry positive, q != p at every prefix. One speculative step is
+enumerated branch by branch,
 each branch carrying its exact probability (fractions.Fraction); every decision is taken by the
 library (avspec.av.drafting, avspec.av.survival) on float tensors, as the engine takes it:
 
-1. the plan, fixed before the step: a `DraftPlan` (slope, intercepts, threshold tau, depth D) and
-   the budget b = plan_step(STALE, ...).budget, from fixed stale survival values and a staircase
-   `StepCost` (the verify table jumps when the first draft is verified, then is flat);
+1. the plan, fixed before the step: a `DraftPlan` (slope, intercepts, tau = TAU, and depth D) and
+   the budget b, D and b from plan_step(STALE, ...) on fixed stale survival values and a staircase
+   `StepCost` (the verify table jumps when the first draft is verified, is flat, jumps again at the
+   fourth: CUDA-graph buckets);
 2. drafting: `draft_limits` gives each row its limit; at pass i every active row has its feature
    f_i = logit q_max of q(. | x_<i) (a float), c_i = `stop_confidence`, s_i = s_{i-1} * c_i, and
    draws x_i ~ q (all 3^rows draws enumerated); it drafts past i only while `keeps_drafting(s_i)`
@@ -20,14 +22,14 @@ library (avspec.av.drafting, avspec.av.survival) on float tensors, as the engine
    draft is accepted a bonus token is emitted from p at the next position;
 5. completion: each request's emitted tokens are extended to L = K + 1 tokens from p.
 
-Why completion to L: a step emits a variable number of tokens, so the law of the emitted block
-alone is not the target's law of anything. Speculative sampling is exact in the sense that the
-emitted block is the target's own sequence cut at a random length, and the length must be a
-stopping time of that sequence: whether the block goes on past token i may depend on the tokens
-drawn before it, never on what comes after. When it is, continuing the sequence from p gives p's
-law over any fixed horizon; when a decision peeks at a token it should not (a draft's own q(x_i),
-a budget or a stop that moved with it), the completed law moves. L = K + 1 is the longest block a
-step can emit, so every branch is completed to the same horizon.
+Why completion to L: a step emits a variable number N of tokens (1 to K + 1), so the emitted block
+alone has no fixed-length law to compare with p's. Speculative sampling is exact in this sense:
+each emitted token has law p given the tokens before it, and N is a stopping time of the emitted
+sequence (whether the block goes on past its i-th token is settled by what was drawn up to then,
+never by what comes after). The block followed by tokens from p is then one autoregressive run of
+p, so its law over any fixed horizon L >= N is p's. A decision that peeks at a draft it should not
+(its own q(x_i), or a stop or budget that moved with it) breaks this and moves the completed law.
+L = K + 1 is the longest block a step can emit, so every branch is completed to the same horizon.
 
 The criterion is exact: the joint law over both requests of the completed sequences (3^4 * 3^4
 outcomes) must equal the product of the target's laws, Fraction for Fraction. The same harness
@@ -70,52 +72,56 @@ Seq = tuple[int, ...]
 Dist = tuple[Fraction, ...]
 Law = dict[Seq, Fraction]
 
-# Staircase: verifying the first draft costs a jump (4 -> 6 ms), further drafts are free; every
-# extra draft pass costs 1 ms for its first row and 0.5 ms for a second.
+# Staircase, as CUDA-graph padding makes it: verifying the first draft costs a jump (4 -> 6 ms),
+# the next two are free, the fourth jumps again (-> 7.5 ms), then flat. A draft pass costs 0.5 ms
+# per row. With the second step the stale budget stops at 3 of 6 candidates (with a single step a
+# free position-0 candidate always follows, and the budget never ends on a deep draft).
 STAIRCASE = StepCost(
-    draft_pass=CostTable([1, 2], [1.0, 1.5], name="draft_pass"),
-    verify=CostTable([2, 3, 9], [4.0, 6.0, 6.0], name="verify"),
+    draft_pass=CostTable([1, 2], [0.5, 1.0], name="draft_pass"),
+    verify=CostTable([2, 3, 5, 6, 9], [4.0, 6.0, 6.0, 7.5, 7.5], name="verify"),
 )
-# Last step's survival values (fixed: they are not this step's draws).
-STALE = torch.tensor([[0.9, 0.8, 0.7], [0.6, 0.3, 0.1]])
-SLOPE, INTERCEPTS = 0.5, (0.8, 0.6, 0.2)
-Q_SALT, P_SALT = 3, 40
+# Last step's survival values (fixed: they are not this step's draws): plan_step gives budget 3
+# (request 1's three drafts) and depth D = 3.
+STALE = torch.tensor([[0.5, 0.2, 0.1], [0.9, 0.8, 0.7]])
+# Coefficients of the plan: c = sigmoid(f + 0.8) is 0.899 where q_max = 4/5 and 0.597 where
+# q_max = 2/5. Request 1 mostly has s = 0.899, 0.808, 0.727; request 0 has s_0 = 0.597 and
+# s_1 = 0.537 after x_0 = 0, 0.356 otherwise.
+SLOPE, INTERCEPTS = 1.0, (0.8, 0.8, 0.8)
+# tau is set by hand: it binds between request 0's two values of s_1 (request 0 drafts x_2 only
+# after x_0 = 0). plan_step's own tau prices the next verify step (1.5 ms a token) and is 1.0 here.
+TAU = 0.45
 
 
 # --- the toy models ----------------------------------------------------------------------------
 
 
-# Weight patterns per request: request 0 is unsure (q_max 2/5 .. 3/4, varying with the prefix),
-# request 1 confident (q_max 5/8 .. 4/5), so its deep drafts can outrank request 0's first one.
-PATTERNS = (
-    ((2, 2, 1), (4, 3, 1), (5, 2, 3), (1, 1, 2), (6, 1, 1), (3, 2, 2)),
-    ((6, 1, 1), (8, 1, 1), (5, 1, 2), (7, 2, 1)),
+# The toy models are Markov in the step's own tokens: the row of a table is the last token drafted
+# or emitted in this step (None at the step's first position; the request's context is fixed).
+# Request 0 is unsure (q_max 2/5) except after token 0, where it is confident (q_max 4/5), so its
+# survival at position 1 moves with x_0. Request 1 is confident (q_max 4/5) except after token 2.
+DRAFT = (
+    {None: (2, 2, 1), 0: (8, 1, 1), 1: (2, 1, 2), 2: (1, 2, 2)},
+    {None: (1, 8, 1), 0: (8, 1, 1), 1: (1, 8, 1), 2: (2, 2, 1)},
+)
+TARGET = (
+    {None: (3, 1, 1), 0: (4, 3, 3), 1: (1, 3, 1), 2: (2, 1, 2)},
+    {None: (1, 3, 1), 0: (3, 1, 1), 1: (2, 5, 3), 2: (1, 1, 3)},
 )
 
 
-def _dist(salt: int, request: int, prefix: Seq) -> Dist:
-    """A rational distribution over V tokens, a fixed function of (salt, request, prefix)."""
-    code = salt + 13 * request
-    for token in prefix:
-        code = (code * 31 + 7 * token + 11) % 1009
-    patterns = PATTERNS[request]
-    pattern = patterns[code % len(patterns)]
-    shift = (code // len(patterns)) % V
-    weights = pattern[shift:] + pattern[:shift]
-    total = sum(weights)
-    return tuple(Fraction(w, total) for w in weights)
+def _row(table: dict[int | None, tuple[int, ...]], prefix: Seq) -> Dist:
+    weights = table[prefix[-1] if prefix else None]
+    return tuple(Fraction(w, sum(weights)) for w in weights)
 
 
-@functools.cache
 def _q(request: int, prefix: Seq) -> Dist:
     """Draft distribution q(. | request, prefix)."""
-    return _dist(Q_SALT, request, prefix)
+    return _row(DRAFT[request], prefix)
 
 
-@functools.cache
 def _p(request: int, prefix: Seq) -> Dist:
     """Target distribution p(. | request, prefix)."""
-    return _dist(P_SALT, request, prefix)
+    return _row(TARGET[request], prefix)
 
 
 def _feature(request: int, prefix: Seq) -> float:
@@ -240,15 +246,15 @@ class StepLaw:
     weights: dict[tuple[Seq, Seq], Fraction] = field(default_factory=dict)
     stopped_early: bool = False  # some row drafted fewer than its limit (the stop bound)
     trimmed: bool = False  # some branch admitted fewer drafts than it drafted (the budget bound)
-    budgets: set[int] = field(default_factory=set)
+    budgets: set[int] = field(default_factory=set)  # budgets used
+    verified: set[tuple[int, ...]] = field(default_factory=set)  # num_verify per row
 
 
-def _stale_plan(threshold: float | None = None) -> tuple[DraftPlan, int]:
-    """DraftPlan (tau and D from `plan_step` on STALE unless given) and the stale budget."""
+def _stale_plan() -> tuple[DraftPlan, int]:
+    """The plan (depth D from `plan_step` on STALE, tau = TAU) and the stale budget."""
     flags = torch.tensor(ADAPTIVE)
     step = plan_step(STALE, torch.tensor(CAPS), flags, flags, BASE_TOKENS, STAIRCASE)
-    tau = float(step.threshold) if threshold is None else threshold
-    return DraftPlan(tau, int(step.depth), SLOPE, INTERCEPTS), int(step.budget)
+    return DraftPlan(TAU, int(step.depth), SLOPE, INTERCEPTS), int(step.budget)
 
 
 def _draft_pass(
@@ -264,7 +270,7 @@ def _draft_pass(
         position, rows, surv, torch.tensor([stops[r] for r in rows]),
         torch.tensor([position + 1 < limits[r] for r in rows]), plan,
     )  # fmt: skip
-    keep = hooks.keep(ctx).tolist()
+    keep = hooks.keep(ctx).tolist()  # from s_i: fixed before x_i is drawn
     out = []
     for tokens in itertools.product(range(V), repeat=len(rows)):
         drafts, confs, survs = list(branch.drafts), list(branch.confidences), list(branch.survival)
@@ -313,9 +319,9 @@ def _admitted(branch: Branch, hooks: Hooks, stale_budget: int) -> tuple[tuple[Se
     return tuple(d[:n] for d, n in zip(branch.drafts, num_verify, strict=True)), budget
 
 
-def step_law(hooks: Hooks = Hooks(), *, with_plan: bool = True, threshold: float | None = None):
+def step_law(hooks: Hooks, *, with_plan: bool = True) -> StepLaw:
     """Enumerate one step: weights of the admitted prefixes, and whether stop and budget bound."""
-    plan, stale_budget = _stale_plan(threshold)
+    plan, stale_budget = _stale_plan()
     limits, stops = draft_limits(CAPS, ADAPTIVE, ADAPTIVE, plan if with_plan else None)
     result = StepLaw()
     for branch in _draft_branches(plan, limits, stops, hooks):
@@ -323,6 +329,7 @@ def step_law(hooks: Hooks = Hooks(), *, with_plan: bool = True, threshold: float
         key = (admitted[0], admitted[1])
         result.weights[key] = result.weights.get(key, Fraction(0)) + branch.prob
         result.budgets.add(budget)
+        result.verified.add(tuple(len(a) for a in admitted))
         drafted = [len(d) for d in branch.drafts]
         result.stopped_early |= any(n < lim for n, lim in zip(drafted, limits, strict=True))
         result.trimmed |= sum(len(a) for a in admitted) < sum(drafted)
@@ -347,9 +354,21 @@ def mismatches(law: StepLaw) -> tuple[int, Fraction]:
     return count, largest
 
 
+def first_draft_admission(law: StepLaw) -> list[Fraction]:
+    """P(request 0's x_0 is admitted | x_0 = t) for each token t (constant when lossless)."""
+    admitted = [Fraction(0)] * V
+    for (a0, _), weight in law.weights.items():
+        if a0:
+            admitted[a0[0]] += weight
+    return [a / q for a, q in zip(admitted, _q(0, ()), strict=True)]
+
+
 # --- the unsafe variants -------------------------------------------------------------------------
 
-GAIN_FLOOR = 1.0  # batch-level stop: one more pass needs this many expected tokens
+# Batch-level stop: the loop goes on while the active rows' summed s_i is worth a pass. After pass 1
+# the sum is 0.808 + 0.537 (x_0 of request 0 was 0: go on) or 0.808 + 0.356 (stop): request 1's
+# x_2, which outranks request 0's x_0, is drafted or not depending on that x_0.
+GAIN_FLOOR = 1.25
 
 
 def _keep_while_batch_gains(ctx: Pass) -> torch.Tensor:
@@ -364,14 +383,22 @@ def _keep_above_other_rows(ctx: Pass) -> torch.Tensor:
 
 
 def _current_budget(drafted: Drafted, stale_budget: int) -> int:
-    """UNSAFE: plan_step on this step's survival values (the spec's staircase example)."""
+    """UNSAFE: plan_step on this step's survival values (the spec's staircase example).
+
+    After x_0 = 0 request 0's drafts are worth the second jump (budget 6), otherwise not (3): its
+    x_0 is verified or not depending on x_0 itself.
+    """
     flags = torch.tensor(ADAPTIVE)
     step = plan_step(drafted.values, drafted.counts, flags, flags, BASE_TOKENS, STAIRCASE)
     return int(step.budget)
 
 
 def _batch_normalised(features: torch.Tensor) -> torch.Tensor:
-    """UNSAFE: features centred on this step's batch mean at this position."""
+    """UNSAFE: features centred on this step's batch mean at this position.
+
+    Request 0's x_0 = 0 lowers request 1's centred feature at positions 1 and 2, whose survival
+    then drops below request 0's s_0 and lets that x_0 into the budget.
+    """
     return features - features.mean()
 
 
@@ -405,14 +432,20 @@ def test_toy_models_are_valid_and_different():
 
 
 def test_safe_pipeline_is_exact_with_stop_and_budget_binding():
-    """Adaptive drafting + stale budget + rejection sampling: joint law == target's, exactly."""
+    """Adaptive drafting + stale budget + rejection sampling: joint law == target's, exactly.
+
+    Both the stop and the budget bind: some row stops before its limit K, some branch admits
+    fewer drafts than it drafted, and the 3 admitted drafts go to either request by branch.
+    """
     plan, stale_budget = _stale_plan()
-    assert plan.depth == K and 0 < plan.threshold < 1
+    assert (plan.depth, stale_budget) == (K, 3)
     law = step_law(SAFE)
     assert sum(law.weights.values()) == 1
     assert law.stopped_early, "the per-request stop never bound"
     assert law.trimmed, "the budget never admitted fewer than were drafted"
     assert law.budgets == {stale_budget}
+    assert {(0, 3), (1, 2)} <= law.verified, law.verified
+    assert len(set(first_draft_admission(law))) == 1  # x_0's fate does not depend on x_0
     assert mismatches(law) == (0, 0)
 
 
@@ -421,15 +454,18 @@ def test_fixed_drafting_without_plan_is_exact():
     assert draft_limits(CAPS, ADAPTIVE, ADAPTIVE, None) == (CAPS, [False] * B)
     law = step_law(SAFE, with_plan=False)
     assert sum(law.weights.values()) == 1
-    assert not law.stopped_early and law.trimmed
+    assert not law.stopped_early and law.trimmed  # all 6 drafted, 3 admitted
+    assert len(set(first_draft_admission(law))) == 1
     assert mismatches(law) == (0, 0)
 
 
 def test_stop_by_comparing_rows_at_the_same_position_is_exact():
     """Stopping a row whose s_i is below another row's s_i: it binds, and the law stays exact.
 
-    A draft removed this way has survival below the other row's s_i, hence below every draft
-    of that row it could depend on (x_<=i-1 ... ranks >= s_i), so it never changes their rank.
+    Row r is cut after pass i only when s^r_i < s^o_i, and s^o_i depends on x^o_k for k < i only.
+    The drafts r loses have survival <= s^r_i < s^o_i <= s^o_k: they rank below every x^o_k the
+    cut depends on, so whether x^o_k is admitted does not move. (A rule on the batch's sum, as in
+    `_keep_while_batch_gains`, has no such order and is biased.)
     """
     law = step_law(replace(SAFE, keep=_keep_above_other_rows))
     baseline = step_law(SAFE)
@@ -442,5 +478,7 @@ def test_unsafe_variant_is_biased(name: str):
     """Each unsafe rule moves the probability of some completed outcome away from the target's."""
     law = step_law(UNSAFE[name])
     assert sum(law.weights.values()) == 1
+    assert law.weights != step_law(SAFE).weights  # the rule changed what was admitted
+    assert len(set(first_draft_admission(law))) > 1  # x_0's fate depends on x_0 itself
     count, largest = mismatches(law)
     assert count > 0 and largest > 0, name
