@@ -58,9 +58,9 @@ workloads: $(STAMP)
 	$(PY) -m avspec.tools.workloads --out workloads
 
 # Reduced serving benchmark (docs/benchmarks.md): starts its own server on free ports; workloads
-# code and high_entropy, concurrency 1/4/16/64, arms none/k2/k4/k8/av8; ~8 min on 2 CPU cores.
+# code and high_entropy, concurrency 1/4/16/64, arms none/k2/k4/k8/av8/ad8; ~5 min on 2 CPU cores.
 # Full sweep: $(PY) client/bench_serving.py --start-server --cost-tables $(BENCH_COSTS) --out bench/full
-BENCH_COSTS ?= $(firstword $(wildcard models/cost_tables.json) bench/cost_tables.json)
+BENCH_COSTS ?= models/cost_tables.json
 bench: $(STAMP)
 	$(PY) client/bench_serving.py --start-server \
 		$(if $(wildcard $(BENCH_COSTS)),--cost-tables $(BENCH_COSTS)) \
@@ -73,3 +73,14 @@ bench: $(STAMP)
 # warm-up, or a /dev/shm region left behind. Writes bench/soak/{soak.json,memory.png,summary.txt}.
 soak: $(STAMP)
 	$(PY) client/soak.py --start-server --duration-s 600 --concurrency 64 --out bench/soak
+
+.PHONY: costs
+# Re-measure the verifier's cost tables on this machine (models/cost_tables.json, ~1 min): the
+# draft pass by rows and the target by tokens and rows, medians of 30 interleaved repeats,
+# isotonic fit. OVERHEAD_MS is the served path's per-step hops, measured on a running server by
+# client/profile_serving_costs.py. The server also refreshes the tables online (cost_refresh).
+OVERHEAD_MS ?= 5.3
+costs: $(STAMP)
+	$(PY) client/profile_costs.py --threads 1 --context 128 --max-draft-tokens 8 \
+		--draft-rows 1,2,4,8,16,32,64 --verify-batch-sizes 1,4,16,64 --repeats 30 --warmup 3 \
+		--overhead-ms $(OVERHEAD_MS) --output models/cost_tables.json --plot bench/cost_tables.png
