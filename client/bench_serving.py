@@ -35,6 +35,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tqdm import tqdm
 
+from avspec.serving.metrics import Samples, parse_metrics
 from avspec.tools.frontier import (
     X_KEY,
     Y_KEY,
@@ -44,6 +45,7 @@ from avspec.tools.frontier import (
     mark_frontier,
     summarize_arm,
 )
+from avspec.tools.step_breakdown import step_breakdown
 
 MODEL = "speculative"
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,8 +177,15 @@ def load_prompts(directory: Path, workload: str, count: int) -> list[str]:
     return [prompts[i * len(prompts) // count] for i in range(count)]
 
 
-def sweep(client: StreamClient, args: argparse.Namespace, arms: list[Arm]) -> list[dict]:
-    """Run every (workload, concurrency, round, arm) phase; return one point per arm."""
+def sweep(
+    client: StreamClient, args: argparse.Namespace, arms: list[Arm], metrics_url: str | None = None
+) -> list[dict]:
+    """Run every (workload, concurrency, round, arm) phase; return one point per arm.
+
+    With `metrics_url`, each point also gets where its steps' time went (avspec.tools.
+    step_breakdown over the phases of that arm, prefixed `step_`): the server's metrics are
+    scraped around every phase.
+    """
     phases = [
         (w, c, r, arms[(i + r) % len(arms)])
         for w in args.workloads
@@ -191,12 +200,16 @@ def sweep(client: StreamClient, args: argparse.Namespace, arms: list[Arm]) -> li
         c = max(args.concurrency)
         run_phase(client, prompts[args.workloads[0]], av[0], c, args.warmup_requests, "warmup")
     runs: dict[tuple[str, int, str], tuple[list[RequestRecord], float]] = {}
+    scrapes: dict[tuple[str, int, str], list[tuple[Samples, Samples]]] = {}
     with tqdm(total=total, desc="bench", unit="req", file=sys.stderr) as bar:
         for n, (w, c, r, arm) in enumerate(phases):
             bar.set_postfix_str(f"{w} c={c} {arm.name} round {r + 1}")
+            before = scrape(metrics_url) if metrics_url else None
             records, wall = run_phase(
                 client, prompts[w], arm, c, requests_per_phase(args, c), f"p{n}", bar
             )
+            if before is not None:
+                scrapes.setdefault((w, c, arm.name), []).append((before, scrape(metrics_url)))
             old_records, old_wall = runs.get((w, c, arm.name), ([], 0.0))
             runs[(w, c, arm.name)] = (old_records + records, old_wall + wall)
     by_name = {a.name: a for a in arms}
@@ -212,10 +225,31 @@ def sweep(client: StreamClient, args: argparse.Namespace, arms: list[Arm]) -> li
                 "adaptive": arm.adaptive,
                 "drafting": arm.drafting,
                 **summarize_arm(records, wall),
+                **phase_breakdown(scrapes.get((w, c, name), [])),
             }
         )
     mark_frontier(points)
     return points
+
+
+def phase_breakdown(pairs: list[tuple[Samples, Samples]]) -> dict[str, float]:
+    """Step breakdown over phases, weighted by their steps; {} without scrapes."""
+    parts = [step_breakdown(before, after) for before, after in pairs]
+    steps = sum(p["steps"] for p in parts)
+    if not parts or steps <= 0:
+        return {}
+    out = {"step_count": steps}
+    for key in parts[0]:
+        if key != "steps":
+            out[f"step_{key}" if not key.startswith("step_") else key] = (
+                sum(p[key] * p["steps"] for p in parts if p["steps"] > 0) / steps
+            )
+    return out
+
+
+def scrape(metrics_url: str) -> Samples:
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        return parse_metrics(response.read().decode())
 
 
 def requests_per_phase(args: argparse.Namespace, concurrency: int) -> int:
@@ -234,7 +268,8 @@ def write_outputs(out: Path, args: argparse.Namespace, arms: list[Arm], points: 
     document = {"config": config, "points": points, "goals": goals}
     (out / "points.json").write_text(json.dumps(document, indent=1) + "\n")
     with (out / "points.csv").open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(points[0]))
+        fields = list(dict.fromkeys(key for p in points for key in p))
+        writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(points)
     for w in args.workloads:
@@ -289,6 +324,20 @@ def summary_text(args: argparse.Namespace, points: list[dict], goals: dict, av: 
                 f"{p['ttft_ms_median']:>8.1f} {p['itl_ms_median']:>8.1f} {p['itl_ms_p99']:>8.1f} "
                 f"{p['accepted_per_pass']:>8.2f} {'*' if p.get('on_frontier') else '':>8}"
             )
+        if any("step_ms" in p for p in rows):
+            lines.append(
+                f"per step (server metrics): {'conc':>4} {'arm':>5} {'step ms':>8} "
+                f"{'draft':>6} {'verif':>6} {'target':>6} {'hops':>6} {'drafted':>7} "
+                f"{'verified':>8} {'stopped':>7} {'saved ms':>8}"
+            )
+            for p in (p for p in rows if "step_ms" in p):
+                lines.append(
+                    f"{'':>26} {p['concurrency']:>4} {p['arm']:>5} {p['step_ms']:>8.1f} "
+                    f"{p['step_draft_ms']:>6.1f} {p['step_verifier_ms']:>6.1f} "
+                    f"{p['step_target_ms']:>6.1f} {p['step_overhead_ms']:>6.1f} "
+                    f"{p['step_drafted']:>7.1f} {p['step_verified']:>8.1f} "
+                    f"{p['step_stopped_early']:>7.1f} {p['step_draft_ms_saved']:>8.1f}"
+                )
         for c, on in frontier_by_concurrency(points, w).items():
             lines.append(f"concurrency {c}: on the frontier: {', '.join(on) or '-'}")
         for arm, g in goals.get(w, {}).items():
@@ -305,10 +354,7 @@ def summary_text(args: argparse.Namespace, points: list[dict], goals: dict, av: 
 
 def scrape_estimator(metrics_url: str) -> dict[str, float]:
     """The server's av_* gauges and counters (coefficients, calibration, token counts)."""
-    from avspec.serving.metrics import parse_metrics
-
-    with urllib.request.urlopen(metrics_url, timeout=10) as response:
-        samples = parse_metrics(response.read().decode())
+    samples = scrape(metrics_url)
     out = {}
     for (name, labels), value in sorted(samples.items(), key=lambda kv: kv[0][0]):
         if name.startswith("av_") and not name.startswith("av_step_batch_size"):
@@ -393,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         client = StreamClient(url, args)
         stack.callback(client.close)
         start = time.monotonic()
-        points = sweep(client, args, arms)
+        points = sweep(client, args, arms, metrics_url)
         elapsed = time.monotonic() - start
         args.server_metrics = scrape_estimator(metrics_url) if metrics_url else {}
         args.elapsed_s = round(elapsed, 1)

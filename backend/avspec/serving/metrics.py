@@ -152,7 +152,11 @@ _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def parse_metrics(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+# Parsed samples: (metric name, its labels) -> value.
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse_metrics(text: str) -> Samples:
     """Parse Prometheus text exposition into {(sample name, labels): value}.
 
     Histograms appear as their `_bucket` (label `le`), `_sum` and `_count` samples.
@@ -170,9 +174,7 @@ def parse_metrics(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], flo
     return samples
 
 
-def metric_value(
-    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
-) -> float:
+def metric_value(samples: Samples, name: str, **labels: str) -> float:
     """Return the sample `name` whose labels include `labels` (KeyError if none, or ambiguous)."""
     want = set(labels.items())
     found = [v for (n, ls), v in samples.items() if n == name and want <= set(ls)]
