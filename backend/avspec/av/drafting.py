@@ -30,7 +30,7 @@ either row's x_i is drawn.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -48,6 +48,18 @@ class DraftPlan:
     depth: int
     slope: float
     intercepts: tuple[float, ...]
+    # device -> (slope [], intercepts [K]) fp32: one host-to-device copy per plan and device,
+    # not one per draft pass (on CUDA each would block the host).
+    _on_device: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    def coefficients(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slope [], intercepts [K]) as fp32 tensors on `device`, copied once."""
+        device = torch.device(device)
+        if device not in self._on_device:
+            values = torch.tensor([self.slope, *self.intercepts], dtype=torch.float32)
+            values = values.to(device)
+            self._on_device[device] = (values[0], values[1:])
+        return self._on_device[device]
 
     def to_tensor(self) -> torch.Tensor:
         """[3 + K] float32 on the CPU: threshold, depth, slope, intercepts."""
@@ -89,9 +101,8 @@ def stop_confidence(features: torch.Tensor, position: int, plan: DraftPlan) -> t
     features [rows] logit(q_max) at that position (fp32). Computed in fp32 like the estimator's
     `predict`, from the plan's coefficients only.
     """
-    slope = torch.tensor(plan.slope, dtype=torch.float32, device=features.device)
-    bias = torch.tensor(plan.intercepts[position], dtype=torch.float32, device=features.device)
-    return torch.sigmoid(slope * features.float() + bias)
+    slope, intercepts = plan.coefficients(features.device)
+    return torch.sigmoid(slope * features.float() + intercepts[position])
 
 
 def keeps_drafting(survival: torch.Tensor, plan: DraftPlan) -> torch.Tensor:
