@@ -1,13 +1,58 @@
-"""Byte-level tokenizer: token ids 0..255 are UTF-8 bytes, 256 is end-of-sequence (EOS).
+"""Tokenizers: the `Tokenizer` protocol serving relies on, and the byte-level tokenizer.
 
-`IncrementalDecoder` turns a stream of token ids into text for streaming responses: it holds back
-the bytes of a character whose UTF-8 sequence is not complete yet.
+`ByteTokenizer`: token ids 0..255 are UTF-8 bytes, 256 is end-of-sequence (EOS).
+`IncrementalDecoder` turns its stream of token ids into text for streaming responses: it holds
+back the bytes of a character whose UTF-8 sequence is not complete yet.
+
+`avspec.runtime.hf_tokenizer.HFTokenizer` (a Hugging Face `tokenizer.json`) is the other
+`Tokenizer`.
 """
 
 from __future__ import annotations
 
 import codecs
 from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class StreamDecoder(Protocol):
+    """Streaming detokenization of one response."""
+
+    def push(self, ids: Iterable[int]) -> str:
+        """Feed token ids; return the text that is complete so far (possibly "")."""
+        ...
+
+    def flush(self) -> str:
+        """Return whatever is held back and reset for a new stream."""
+        ...
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What serving needs of a tokenizer: either `ByteTokenizer` or `HFTokenizer`."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of token ids (0..vocab_size-1)."""
+        ...
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """Ids that end generation: stop on any of them."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """Prompt token ids of `text` (with BOS where the model wants one, never EOS)."""
+        ...
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of `ids`, skipping EOS (and other special tokens); never raises."""
+        ...
+
+    def incremental_decoder(self) -> StreamDecoder:
+        """A fresh streaming decoder whose pieces concatenate to `decode` of all ids."""
+        ...
 
 
 class ByteTokenizer:
@@ -15,6 +60,7 @@ class ByteTokenizer:
 
     vocab_size = 257
     eos_id = 256
+    eos_ids = frozenset({eos_id})
     name = "byte"
 
     def encode(self, text: str) -> list[int]:
@@ -24,6 +70,10 @@ class ByteTokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         """Return the text of `ids`, skipping EOS; invalid UTF-8 becomes U+FFFD."""
         return _to_bytes(ids, self.eos_id).decode("utf-8", errors="replace")
+
+    def incremental_decoder(self) -> IncrementalDecoder:
+        """A fresh `IncrementalDecoder` for one response."""
+        return IncrementalDecoder(self)
 
 
 class IncrementalDecoder:

@@ -1,4 +1,4 @@
-"""Decoder-only transformer (pre-norm GPT with rotary positions) over a packed ragged batch.
+"""Decoder-only transformer (pre-norm, rotary positions) over a packed ragged batch.
 
 Two entry points share the weights:
 
@@ -7,9 +7,24 @@ Two entry points share the weights:
   its cached positions in one pass over the whole ragged batch, so prefill of new sequences,
   one-token decode and multi-token verification mix in one call.
 
-Rotary position embeddings (Su et al. 2021, "RoFormer") make a token's position its index in its
-own sequence's cache, so sequences of a batch need no shared offsets. Output logits use the
-token embedding matrix (tied weights).
+Rotary position embeddings (`avspec.runtime.rope`) make a token's position its index in its
+own sequence's cache, so sequences of a batch need no shared offsets.
+
+One `TransformerConfig` covers two families. Its defaults are the project's own byte-level
+GPT: RMSNorm (torch's default epsilon), one fused q/k/v projection, GELU MLP of width 4 x width,
+no biases, output logits through the token embedding (tied), rotary base 10000 on channel
+pairs (i, i + head_dim/2). The Llama family (Llama, Qwen2, Mistral; loaded by
+`avspec.runtime.hf_checkpoint`) sets `mlp="swiglu"` (silu(gate) * up, then down),
+`norm_eps`, grouped-query attention (`num_kv_heads` < `num_heads`: each key/value head
+serves num_heads / num_kv_heads query heads, and the KV cache holds only the key/value heads),
+`head_dim`, q/k/v and output biases, `mlp_bias`, an untied output matrix (`lm_head`), and the
+rotary base and frequency scaling.
+
+Parameter names: `embed.weight`, `blocks.<i>.attn_norm.weight`, `blocks.<i>.qkv.weight` (rows:
+q heads, then k heads, then v heads; `.bias` with `qkv_bias`), `blocks.<i>.attn_out.weight`
+(`.bias` with `out_bias`), `blocks.<i>.mlp_norm.weight`, `blocks.<i>.mlp_in.weight` (GELU: the
+hidden layer; SwiGLU: gate rows then up rows), `blocks.<i>.mlp_out.weight` (`.bias` on both
+MLP layers with `mlp_bias`), `final_norm.weight`, `lm_head.weight` when untied.
 """
 
 from __future__ import annotations
@@ -25,42 +40,96 @@ from torch import Tensor, nn
 
 from avspec.checks import check_shape
 from avspec.runtime.kv_cache import KVCache
+from avspec.runtime.rope import ROPE_STYLES, RopeScaling, Rotary
 
 ROPE_BASE = 10000.0
+MLP_KINDS = ("gelu", "swiglu")
+_POSITIVE_INTS = ("num_layers", "width", "num_heads", "vocab_size", "max_length")
+_RESOLVED_INTS = ("num_kv_heads", "head_dim", "intermediate_size")  # None: derived
+_BOOLS = ("qkv_bias", "out_bias", "mlp_bias", "tie_embeddings")
 
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Architecture of a `Transformer`; `max_length` bounds positions (rotary table size)."""
+    """Architecture of a `Transformer`; `max_length` bounds positions (rotary table size).
+
+    `num_kv_heads`, `head_dim` and `intermediate_size` left as None are derived at
+    construction (num_heads, width / num_heads, 4 x width), so a config always holds concrete
+    sizes and `from_dict(to_dict())` round-trips. `norm_eps` None is torch's RMSNorm default
+    (the machine epsilon of the activations' dtype).
+    """
 
     num_layers: int
     width: int
     num_heads: int
     vocab_size: int = 257
     max_length: int = 512
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    mlp: str = "gelu"
+    norm_eps: float | None = None
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    tie_embeddings: bool = True
+    rope_theta: float = ROPE_BASE
+    rope_style: str = "half"
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(
-                    f"TransformerConfig.{f.name} must be a positive int, got {value!r}"
-                )
-        if self.width % self.num_heads:
+        for name in _POSITIVE_INTS:
+            _check_positive_int(name, getattr(self, name))
+        if self.head_dim is None and self.width % self.num_heads:
             raise ValueError(f"width {self.width} is not divisible by num_heads {self.num_heads}")
+        derived = {
+            "num_kv_heads": self.num_heads,
+            "head_dim": self.width // max(self.num_heads, 1),
+            "intermediate_size": 4 * self.width,
+        }
+        for name in _RESOLVED_INTS:
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, derived[name])
+            _check_positive_int(name, getattr(self, name))
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}"
+            )
         if self.head_dim % 2:
             raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+        for name in _BOOLS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"TransformerConfig.{name} must be a bool, got {getattr(self, name)!r}"
+                )
+        if self.mlp not in MLP_KINDS:
+            raise ValueError(f"TransformerConfig.mlp must be one of {MLP_KINDS}, got {self.mlp!r}")
+        if self.rope_style not in ROPE_STYLES:
+            raise ValueError(
+                f"TransformerConfig.rope_style must be one of {ROPE_STYLES}, "
+                f"got {self.rope_style!r}"
+            )
+        object.__setattr__(self, "rope_theta", _positive_float("rope_theta", self.rope_theta))
+        if self.norm_eps is not None:
+            object.__setattr__(self, "norm_eps", _positive_float("norm_eps", self.norm_eps))
+        if self.rope_scaling is not None:
+            object.__setattr__(self, "rope_scaling", RopeScaling.from_dict(self.rope_scaling))
 
     @property
-    def head_dim(self) -> int:
-        return self.width // self.num_heads
+    def kv_values_per_token(self) -> int:
+        """Key and value entries one cached token holds across all layers."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
-        """Build from a dict, raising ValueError on unknown or missing keys."""
+        """Build from a dict, raising ValueError on unknown or missing keys.
+
+        Keys added after the first model directories (everything after `max_length`) may be
+        missing: their defaults are the original architecture.
+        """
         if not isinstance(data, dict):
             raise ValueError(f"model config must be a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
@@ -73,24 +142,15 @@ class TransformerConfig:
             raise ValueError(f"bad TransformerConfig: {err}") from None
 
 
-class Rotary(nn.Module):
-    """Rotate query/key channel pairs (i, i + head_dim/2) by position-dependent angles."""
+def _check_positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"TransformerConfig.{name} must be a positive int, got {value!r}")
 
-    def __init__(self, head_dim: int, max_length: int) -> None:
-        super().__init__()
-        inv_freq = ROPE_BASE ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-        angles = torch.outer(torch.arange(max_length, dtype=torch.float64), inv_freq)
-        # (position, head_dim / 2); not saved: recomputed from the config
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
 
-    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        """x: [..., seq, heads, head_dim] with `positions` [seq] or x: [tokens, heads, head_dim]
-        with `positions` [tokens]."""
-        cos = self.cos[positions].unsqueeze(-2).to(x.dtype)  # (..., 1, head_dim / 2)
-        sin = self.sin[positions].unsqueeze(-2).to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+def _positive_float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"TransformerConfig.{name} must be a positive number, got {value!r}")
+    return float(value)
 
 
 class Block(nn.Module):
@@ -98,54 +158,117 @@ class Block(nn.Module):
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
-        w = config.width
-        self.num_heads = config.num_heads
-        self.head_dim = config.head_dim
-        self.attn_norm = nn.RMSNorm(w)
-        self.qkv = nn.Linear(w, 3 * w, bias=False)
-        self.attn_out = nn.Linear(w, w, bias=False)
-        self.mlp_norm = nn.RMSNorm(w)
-        self.mlp_in = nn.Linear(w, 4 * w, bias=False)
-        self.mlp_out = nn.Linear(4 * w, w, bias=False)
+        w, hd = config.width, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, hd
+        self.gated = config.mlp == "swiglu"
+        hidden = config.intermediate_size
+        self.attn_norm = nn.RMSNorm(w, eps=config.norm_eps)
+        self.qkv = nn.Linear(w, (config.num_heads + 2 * config.num_kv_heads) * hd, config.qkv_bias)
+        self.attn_out = nn.Linear(config.num_heads * hd, w, bias=config.out_bias)
+        self.mlp_norm = nn.RMSNorm(w, eps=config.norm_eps)
+        self.mlp_in = nn.Linear(w, (2 if self.gated else 1) * hidden, bias=config.mlp_bias)
+        self.mlp_out = nn.Linear(hidden, w, bias=config.mlp_bias)
+
+    @property
+    def grouped(self) -> bool:
+        return self.num_kv_heads != self.num_heads
 
     def project(
         self, x: Tensor, positions: Tensor, rotary: Rotary
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """x: [..., width] -> rotated q, k and v, each [..., heads, head_dim]."""
+        """x: [..., width] -> rotated q [..., heads, head_dim], rotated k and v
+        [..., kv_heads, head_dim]."""
         qkv = self.qkv(self.attn_norm(x))
-        q, k, v = qkv.unflatten(-1, (3, self.num_heads, self.head_dim)).unbind(-3)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
+        q = q.unflatten(-1, (self.num_heads, self.head_dim))
+        k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
         return rotary(q, positions), rotary(k, positions), v
 
     def mlp(self, x: Tensor) -> Tensor:
-        return x + self.mlp_out(F.gelu(self.mlp_in(self.mlp_norm(x))))
+        h = self.mlp_in(self.mlp_norm(x))
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = F.gelu(h)
+        return x + self.mlp_out(h)
 
     def forward(self, x: Tensor, rotary: Rotary) -> Tensor:
         """x: [batch, seq, width], positions 0..seq-1, causal."""
         positions = torch.arange(x.shape[1], device=x.device)
         q, k, v = self.project(x, positions, rotary)  # (batch, seq, heads, head_dim)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (batch, heads, seq, head_dim)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        att = att.transpose(1, 2).flatten(-2)  # (batch, seq, width)
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.grouped)
+        att = att.transpose(1, 2).flatten(-2)  # (batch, seq, heads * head_dim)
         return self.mlp(x + self.attn_out(att))
 
 
+class _Embedding(nn.Embedding):
+    """nn.Embedding that skips its random initialisation on the meta device (`empty`).
+
+    The meta kernel of `normal_` is Python (torch's decompositions): its first call imports
+    sympy and more, tens of MiB resident. Elsewhere the initialisation is nn.Embedding's.
+    """
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
 class Transformer(nn.Module):
-    """Byte-level GPT; see the module docstring for the two forward paths."""
+    """Decoder-only transformer; see the module docstring for the two forward paths."""
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed = nn.Embedding(config.vocab_size, config.width)
+        self.embed = _Embedding(config.vocab_size, config.width)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
-        self.final_norm = nn.RMSNorm(config.width)
-        self.rotary = Rotary(config.head_dim, config.max_length)
+        self.final_norm = nn.RMSNorm(config.width, eps=config.norm_eps)
+        self.lm_head = (
+            None
+            if config.tie_embeddings
+            else nn.Linear(config.width, config.vocab_size, bias=False)
+        )
+        self.rotary = Rotary(
+            config.head_dim, config.max_length, config.rope_theta, config.rope_scaling,
+            config.rope_style,
+        )  # fmt: skip
+
+    @classmethod
+    def empty(
+        cls,
+        config: TransformerConfig,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> Transformer:
+        """A model with uninitialised weights in `dtype` on `device`, for a loader to fill.
+
+        Built on the meta device first, so no weight is ever allocated twice or initialised;
+        each tensor is then allocated in place. (`Module.to_empty`, and random or arange ops on
+        the meta device, would import torch's Python decompositions and sympy on first use:
+        tens of MiB resident for nothing, see `_Embedding`.)
+        """
+        with torch.device("meta"):
+            model = cls(config)
+        for module in model.modules():
+            for name, param in list(module.named_parameters(recurse=False)):
+                empty = torch.empty(param.shape, dtype=dtype, device=device)
+                setattr(module, name, nn.Parameter(empty, requires_grad=param.requires_grad))
+            for name, buffer in list(module.named_buffers(recurse=False)):
+                setattr(module, name, torch.empty(buffer.shape, dtype=dtype, device=device))
+        model.rotary.reset()
+        return model
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
     def logits(self, x: Tensor) -> Tensor:
-        """x: [..., width] -> [..., vocab] through the tied embedding matrix."""
-        return self.final_norm(x) @ self.embed.weight.t()
+        """x: [..., width] -> [..., vocab] through the output matrix (tied: the embedding)."""
+        if self.lm_head is None:
+            return self.final_norm(x) @ self.embed.weight.t()
+        return self.lm_head(self.final_norm(x))
 
     def forward(self, input_ids: Tensor) -> Tensor:
         """input_ids: [batch, seq] int64 from position 0 -> logits [batch, seq, vocab]."""
@@ -171,7 +294,7 @@ class Transformer(nn.Module):
         self._check_cache_length(max_length)  # before allocating the buffers
         config, weight = self.config, self.embed.weight
         return KVCache(
-            config.num_layers, config.num_heads, config.head_dim, max_sequences, max_length,
+            config.num_layers, config.num_kv_heads, config.head_dim, max_sequences, max_length,
             weight.device if device is None else device,
             weight.dtype if dtype is None else dtype,
         )  # fmt: skip
@@ -179,7 +302,7 @@ class Transformer(nn.Module):
     def check_cache(self, cache: KVCache) -> None:
         """ValueError unless `cache` has this model's attention shape and no more positions."""
         config = self.config
-        mine = (config.num_layers, config.num_heads, config.head_dim)
+        mine = (config.num_layers, config.num_kv_heads, config.head_dim)
         if cache.attention_shape != mine:
             raise ValueError(
                 f"KV cache built for (layers, heads, head_dim) {cache.attention_shape}, "
@@ -215,15 +338,16 @@ class Transformer(nn.Module):
         index = _RaggedIndex(slots, starts, lengths, input_ids.device)
         x = self.embed(input_ids)  # (tokens, width)
         for layer, block in enumerate(self.blocks):
-            q, k, v = block.project(x, index.positions, self.rotary)  # (tokens, heads, head_dim)
+            # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim)
+            q, k, v = block.project(x, index.positions, self.rotary)
             cache.write(layer, index.token_slots, index.positions, k, v)
             keys, values = cache.read(layer, index.slots, index.key_length)
-            # keys, values: (batch, heads, key_length, head_dim), in the model's dtype
+            # keys, values: (batch, kv_heads, key_length, head_dim), in the model's dtype
             keys, values = keys.to(q.dtype), values.to(q.dtype)
             q_pad = q.new_zeros(len(slots), index.query_length, *q.shape[1:])
             q_pad[index.token_rows, index.token_cols] = q  # (batch, query_length, heads, head_dim)
             att = F.scaled_dot_product_attention(
-                q_pad.transpose(1, 2), keys, values, attn_mask=index.mask
+                q_pad.transpose(1, 2), keys, values, attn_mask=index.mask, enable_gqa=block.grouped
             )  # (batch, heads, query_length, head_dim)
             att = att.transpose(1, 2)[index.token_rows, index.token_cols]  # (tokens, heads, hd)
             x = block.mlp(x + block.attn_out(att.flatten(-2)))  # (tokens, width)
@@ -260,12 +384,15 @@ class _RaggedIndex:
 
 
 def init_weights(model: Transformer, generator: torch.Generator) -> None:
-    """GPT-2 style initialisation from `generator`: N(0, 0.02), residual outputs scaled down."""
+    """GPT-2 style initialisation from `generator`: N(0, 0.02), residual outputs scaled down,
+    norms 1, biases 0."""
     residual_std = 0.02 / math.sqrt(2 * model.config.num_layers)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
             elif name.endswith(("attn_out.weight", "mlp_out.weight")):
                 param.normal_(0.0, residual_std, generator=generator)
             else:

@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import pytest
 import torch
 
 from avspec.runtime.kv_cache import CacheLimitError, KVCache
+from avspec.runtime.rope import RopeScaling
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
 
 CONFIG = TransformerConfig(num_layers=2, width=32, num_heads=4, max_length=64)
+# the Llama family's options, all at once (exactness against transformers: test_hf_checkpoint)
+LLAMA_LIKE = TransformerConfig(
+    num_layers=2, width=32, num_heads=4, max_length=64, num_kv_heads=2, head_dim=12,
+    intermediate_size=48, mlp="swiglu", norm_eps=1e-5, qkv_bias=True, out_bias=True,
+    mlp_bias=True, tie_embeddings=False, rope_theta=5e5,
+    rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 16),
+)  # fmt: skip
 TOL = 1e-4
 
 
-def make_model(seed: int = 0) -> Transformer:
-    model = Transformer(CONFIG)
+def make_model(seed: int = 0, config: TransformerConfig = CONFIG) -> Transformer:
+    model = Transformer(config)
     init_weights(model, torch.Generator().manual_seed(seed))
+    gen = torch.Generator().manual_seed(seed + 100)
     with torch.no_grad():  # larger weights than the training init, so attention is not uniform
-        for p in model.parameters():
+        for name, p in model.named_parameters():
             p.mul_(5.0 if p.dim() > 1 else 1.0)
+            if name.endswith(".bias"):  # init_weights zeroes them
+                p.normal_(0.0, 0.5, generator=gen)
     return model.eval()
 
 
@@ -26,7 +40,7 @@ class Tracker:
 
     def __init__(self, model: Transformer, max_sequences: int = 4) -> None:
         self.model = model
-        self.cache = model.new_cache(max_sequences, CONFIG.max_length)
+        self.cache = model.new_cache(max_sequences, model.config.max_length)
         self.tokens: dict[int, list[int]] = {}
         self.gen = torch.Generator().manual_seed(1)
 
@@ -56,8 +70,13 @@ class Tracker:
         self.tokens[seq_id] = self.tokens[seq_id][:length]
 
 
-def test_cached_matches_full_recompute_through_prefill_decode_verify_rollback():
-    tracker = Tracker(make_model())
+@pytest.mark.parametrize(
+    "config",
+    [CONFIG, LLAMA_LIKE, dataclasses.replace(LLAMA_LIKE, rope_style="interleaved")],
+    ids=["gpt", "llama_like", "interleaved"],
+)
+def test_cached_matches_full_recompute_through_prefill_decode_verify_rollback(config):
+    tracker = Tracker(make_model(config=config))
     tracker.step({7: 5, 3: 1, 11: 9})  # ragged prefill
     tracker.step({7: 1, 3: 1, 11: 1})  # one-token decode
     tracker.step({3: 4, 11: 1, 7: 6})  # ragged multi-token verify, reordered batch
@@ -172,3 +191,78 @@ def test_float64_cache_with_float32_model_matches_full_recompute():
         full = model(ids[None])[0]
     assert rest.dtype == torch.float32
     torch.testing.assert_close(torch.cat([first, rest]), full, atol=TOL, rtol=0)
+
+
+def test_old_configs_load_as_the_original_architecture():
+    old = {"num_layers": 1, "width": 96, "num_heads": 2, "vocab_size": 257, "max_length": 512}
+    config = TransformerConfig.from_dict(old)  # a model directory written before the new fields
+    assert config == TransformerConfig(num_layers=1, width=96, num_heads=2)
+    assert (config.num_kv_heads, config.head_dim, config.intermediate_size) == (2, 48, 384)
+    assert (config.mlp, config.norm_eps, config.rope_style, config.rope_scaling) == (
+        "gelu", None, "half", None
+    )  # fmt: skip
+    assert config.tie_embeddings and config.rope_theta == 10000.0
+    assert not (config.qkv_bias or config.out_bias or config.mlp_bias)
+    names = set(Transformer(config).state_dict())
+    assert "lm_head.weight" not in names and not any(n.endswith(".bias") for n in names)
+
+
+def test_llama_like_config_round_trips_through_json():
+    data = json.loads(json.dumps(LLAMA_LIKE.to_dict()))
+    assert data["rope_scaling"]["kind"] == "llama3"
+    assert TransformerConfig.from_dict(data) == LLAMA_LIKE
+    assert TransformerConfig.from_dict({**data, "rope_theta": 500000}) == LLAMA_LIKE
+    assert hash(LLAMA_LIKE) == hash(TransformerConfig.from_dict(data))
+    assert LLAMA_LIKE.kv_values_per_token == 2 * 2 * 2 * 12
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"num_kv_heads": 3}, "not a multiple of num_kv_heads"),
+        ({"num_kv_heads": 0}, "num_kv_heads must be a positive int"),
+        ({"head_dim": 7}, "even"),
+        ({"mlp": "relu"}, "mlp must be one of"),
+        ({"rope_style": "gptj"}, "rope_style must be one of"),
+        ({"tie_embeddings": 1}, "tie_embeddings must be a bool"),
+        ({"rope_theta": -1.0}, "rope_theta must be a positive number"),
+        ({"norm_eps": 0}, "norm_eps must be a positive number"),
+        ({"rope_scaling": {"kind": "yarn", "factor": 2.0}}, "kind must be one of"),
+        ({"rope_scaling": {"kind": "linear", "factor": 2.0, "low_freq_factor": 1.0}}, "only"),
+        ({"rope_scaling": {"kind": "llama3", "factor": 8.0}}, "llama3 RoPE scaling needs"),
+        ({"rope_scaling": {"kind": "linear", "factor": 2.0, "beta": 1}}, "unknown rope_scaling"),
+    ],
+)
+def test_new_fields_are_validated(changes, message):
+    with pytest.raises(ValueError, match=message):
+        TransformerConfig.from_dict({**LLAMA_LIKE.to_dict(), **changes})
+
+
+def test_grouped_query_attention_cache_and_untied_head():
+    model = make_model(config=LLAMA_LIKE)
+    cache = model.new_cache(2, 16)
+    assert cache.attention_shape == (2, 2, 12)  # the cache holds the key/value heads only
+    assert model.blocks[0].qkv.weight.shape == ((4 + 2 + 2) * 12, 32)
+    assert model.blocks[0].mlp_in.weight.shape == (2 * 48, 32)
+    assert model.lm_head is not None and model.lm_head.weight.shape == (257, 32)
+    with pytest.raises(ValueError, match="layers, heads, head_dim"):
+        model.check_cache(make_model().new_cache(1, 8))
+
+
+def test_interleaved_rope_changes_the_logits():
+    model = make_model(config=LLAMA_LIKE)
+    other = Transformer(dataclasses.replace(LLAMA_LIKE, rope_style="interleaved"))
+    other.load_state_dict(model.state_dict())
+    ids = torch.arange(1, 20)[None]
+    with torch.no_grad():
+        assert (model(ids) - other.eval()(ids)).abs().max() > 1e-2
+
+
+def test_empty_model_is_built_in_the_serving_dtype_with_its_rotary_tables():
+    model = Transformer.empty(LLAMA_LIKE, dtype=torch.bfloat16)
+    reference = Transformer(LLAMA_LIKE)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    assert model.num_parameters() == reference.num_parameters()
+    torch.testing.assert_close(model.rotary.cos, reference.rotary.cos.bfloat16())
+    torch.testing.assert_close(model.rotary.sin, reference.rotary.sin.bfloat16())
