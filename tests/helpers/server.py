@@ -19,7 +19,8 @@ from avspec.runtime.model_dir import save_model_dir
 from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.runtime.transformer import Transformer, TransformerConfig
 from avspec.serving.metrics import metric_value, parse_metrics
-from avspec.serving.server_process import ServerProcess
+from avspec.serving.repository import build_test_repository
+from avspec.serving.server_process import ServerProcess, free_port
 from helpers import ROOT
 
 REPOSITORY = ROOT / "model_repository"
@@ -111,3 +112,42 @@ def live_processes() -> dict[int, tuple[int, int, str]]:
         if state not in ("Z", "X"):
             found[int(entry.name)] = (int(ppid), int(pgid), cmdline)
     return found
+
+
+def start_test_server(tmp: Path) -> ServerProcess:
+    """A started server over a tmp copy of the repository and the tiny pair (see the module doc);
+    its log is `tmp/tritonserver.log`, printed if it fails to start."""
+    target_dir, draft_dir = save_tiny_pair(tmp / "models")
+    repository = build_test_repository(
+        REPOSITORY,
+        tmp / "model_repository",
+        {
+            "draft": stage_overrides(draft_dir),
+            "target": stage_overrides(target_dir),
+            "verifier": {
+                "refit_interval": REFIT_INTERVAL,
+                "snapshot_path": tmp / "estimator_snapshot.json",
+                "cost_tables": write_steep_draft_costs(tmp / "cost_tables.json"),
+                "cost_refresh": "false",  # keep the steep tables: the refresh would follow
+                # this machine, where the tiny draft's pass costs well under a millisecond
+            },
+            "speculative": {"max_batch_size": 32, "max_context": MAX_LENGTH},
+        },
+    )
+    log = tmp / "tritonserver.log"
+    process = ServerProcess(
+        repository,
+        free_port(),
+        free_port(),
+        free_port(),
+        exit_timeout_s=5,
+        log_path=log,
+        admin_key=ADMIN_KEY,
+    )
+    try:
+        process.start()
+    except Exception:
+        print(log.read_text()[-6000:])
+        raise
+    process.snapshot_path = tmp / "estimator_snapshot.json"
+    return process

@@ -13,18 +13,7 @@ that asks for `server` is marked `serving`.
 from __future__ import annotations
 
 import pytest
-from helpers.server import (
-    ADMIN_KEY,
-    MAX_LENGTH,
-    REFIT_INTERVAL,
-    REPOSITORY,
-    save_tiny_pair,
-    stage_overrides,
-    write_steep_draft_costs,
-)
-
-from avspec.serving.repository import build_test_repository
-from avspec.serving.server_process import ServerProcess, free_port
+from helpers.server import start_test_server
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -35,40 +24,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory):
-    """The running server; its log is in the tmp dir and printed if it fails to start."""
-    tmp = tmp_path_factory.mktemp("serving")
-    target_dir, draft_dir = save_tiny_pair(tmp / "models")
-    repository = build_test_repository(
-        REPOSITORY,
-        tmp / "model_repository",
-        {
-            "draft": stage_overrides(draft_dir),
-            "target": stage_overrides(target_dir),
-            "verifier": {
-                "refit_interval": REFIT_INTERVAL,
-                "snapshot_path": tmp / "estimator_snapshot.json",
-                "cost_tables": write_steep_draft_costs(tmp / "cost_tables.json"),
-                "cost_refresh": "false",  # keep the steep tables: the refresh would follow
-                # this machine, where the tiny draft's pass costs well under a millisecond
-            },
-            "speculative": {"max_batch_size": 32, "max_context": MAX_LENGTH},
-        },
-    )
-    log = tmp / "tritonserver.log"
-    process = ServerProcess(
-        repository,
-        free_port(),
-        free_port(),
-        free_port(),
-        exit_timeout_s=5,
-        log_path=log,
-        admin_key=ADMIN_KEY,
-    )
-    try:
-        process.start()
-    except Exception:
-        print(log.read_text()[-6000:])
-        raise
-    process.snapshot_path = tmp / "estimator_snapshot.json"
+    """The running server shared by the session (fault injection has its own: test_faults)."""
+    process = start_test_server(tmp_path_factory.mktemp("serving"))
     yield process
     process.stop()
