@@ -121,7 +121,7 @@ class DraftStage(ModelStage):
         drafting [rows] bool or None (all): rows masked off (CUDA, stopped) keep padding.
         Returns the rows' features [rows].
         """
-        logits = logits[:, None, :]  # [rows, 1, vocab]
+        logits = self.mask_vocab(logits[:, None, :])  # [rows, 1, vocab], masked in place
         check = self.check_values
         q = warp_probs(logits, draw.temperature, draw.top_p, check_values=check)[:, 0]
         tokens = sample(q, draw.generators, check_values=check).int()

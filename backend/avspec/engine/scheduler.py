@@ -31,7 +31,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from avspec.contract import StepInputs, StepOutputs
@@ -43,6 +43,7 @@ from avspec.engine.sequence import (
     Outcome,
     SequenceState,
     StepReport,
+    as_eos_ids,
     build_inputs,
     read_outputs,
 )
@@ -91,7 +92,7 @@ class Scheduler:
     def __init__(
         self,
         step_fn: StepFn,
-        eos_id: int,
+        eos_ids: Collection[int] | int,
         max_batch_size: int,
         max_context: int,
         max_draft_tokens: int,
@@ -111,7 +112,7 @@ class Scheduler:
         if not 1 <= first_seq_id < 1 << 62:
             raise ValueError(f"first_seq_id must lie in 1..2^62-1, got {first_seq_id}")
         self.step_fn = step_fn
-        self.eos_id = eos_id
+        self.eos_ids = as_eos_ids(eos_ids)
         self.max_batch_size = max_batch_size
         self.max_context = max_context
         self.max_draft_tokens = max_draft_tokens
@@ -328,7 +329,7 @@ class Scheduler:
 
     def _advance(self, seq: SequenceState, outcome: Outcome) -> StepReport:
         """Commit one outcome to its sequence (lock held); count it, retire a finished one."""
-        report = seq.commit(outcome, self.eos_id)
+        report = seq.commit(outcome, self.eos_ids)
         c = self.counters
         c.tokens_generated += len(report.new_tokens)
         c.drafted += report.drafted
@@ -405,7 +406,7 @@ def generate(
     runner: Scheduler | StepFn,
     requests: Sequence[GenerationRequest],
     *,
-    eos_id: int = 256,
+    eos_ids: Collection[int] | int = 256,
     max_batch_size: int | None = None,
     max_context: int = 512,
     max_draft_tokens: int | None = None,
@@ -420,7 +421,7 @@ def generate(
     else:
         k = max_draft_tokens if max_draft_tokens is not None else runner.max_draft_tokens
         size = max_batch_size or max(1, len(requests))
-        scheduler = Scheduler(runner, eos_id, size, max_context, k)
+        scheduler = Scheduler(runner, eos_ids, size, max_context, k)
     tokens: list[list[int]] = [[] for _ in requests]
     errors: list[Exception] = []
     for i, request in enumerate(requests):

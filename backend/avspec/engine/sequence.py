@@ -12,7 +12,8 @@ per sequence:
 
 Per request:
 
-- EOS ends a request and is not emitted (finish reason "stop");
+- EOS (any of the model's EOS ids, `eos_ids`) ends a request and is not emitted (finish
+  reason "stop");
 - `max_tokens` is honoured exactly: tokens past it are dropped (finish reason "length");
 - a request drafts at most `max_tokens - generated - 1` tokens (`drafts_wanted`), so no step
   overshoots its budget (fewer verified drafts never changes the output distribution).
@@ -20,12 +21,20 @@ Per request:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import torch
 
 from avspec.contract import StepInputs, StepOutputs
+
+
+def as_eos_ids(eos_ids: Collection[int] | int) -> frozenset[int]:
+    """The EOS ids as a non-empty frozenset of ints; a single int is one id."""
+    ids = frozenset([eos_ids] if isinstance(eos_ids, int) else (int(i) for i in eos_ids))
+    if not ids:
+        raise ValueError("eos_ids must name at least one token id")
+    return ids
 
 
 @dataclass
@@ -88,17 +97,20 @@ class SequenceState:
             0, min(self.request.num_draft_tokens, self.request.max_tokens - self.generated - 1)
         )
 
-    def commit(self, outcome: Outcome, eos_id: int) -> StepReport:
+    def commit(self, outcome: Outcome, eos_ids: Collection[int] | int) -> StepReport:
         """Commit a step's outcome; the report says what to emit and whether the request ended.
+
+        `eos_ids`: the ids that end a request (any one of them); a single int is accepted too.
 
         All output tokens become `pending` (sent with the next step if the request goes on);
         only those before EOS and within `max_tokens` are emitted.
         """
         drafted = self.drafts_wanted() if outcome.drafted is None else outcome.drafted
+        eos = as_eos_ids(eos_ids)
         emitted: list[int] = []
         reason = None
         for token in outcome.tokens:
-            if token == eos_id:
+            if token in eos:
                 reason = "stop"
                 break
             emitted.append(token)

@@ -9,7 +9,10 @@ Generators are seeded from `random_seed ^ salt` whenever a sequence takes its fi
 (start == 0), so a replayed first step draws the same numbers and each stage (draft, target) owns
 a separate stream. A sequence's draws never depend on which other sequences share its batch.
 
-`ModelStage` is the state both stage classes build the same way (model, K, slots).
+`ModelStage` is the state both stage classes build the same way (model, K, slots, and the
+optional `vocab_limit`: a model whose embedding has rows past its tokenizer's tokens, e.g.
+Qwen's padded vocabularies, gets the logits of those ids set to -inf before warping, so they
+are never drafted or sampled; `avspec.runtime.pair.PairInfo.num_tokens` gives the limit).
 """
 
 from __future__ import annotations
@@ -124,9 +127,16 @@ class ModelStage:
         idle_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         check_values: bool = True,
+        vocab_limit: int | None = None,
     ) -> None:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
+        vocab = model.config.vocab_size
+        if vocab_limit is not None and not 1 <= vocab_limit <= vocab:
+            raise ValueError(
+                f"vocab_limit must lie in 1..{vocab} (the model's rows), got {vocab_limit}"
+            )
+        self.vocab_limit = None if vocab_limit == vocab else vocab_limit
         self.model = model
         self.max_draft_tokens = max_draft_tokens
         self.device = next(model.parameters()).device
@@ -136,3 +146,9 @@ class ModelStage:
     @property
     def cache(self) -> KVCache:
         return self.slots.cache
+
+    def mask_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Set logits [..., vocab] at ids >= vocab_limit to -inf (in place); return them."""
+        if self.vocab_limit is not None:
+            logits[..., self.vocab_limit :] = float("-inf")
+        return logits

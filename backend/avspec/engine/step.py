@@ -17,7 +17,7 @@ from avspec.config import EstimatorConfig
 from avspec.contract import StepInputs, StepOutputs, base_tokens
 from avspec.engine.draft_stage import DraftStage
 from avspec.engine.target_stage import TargetStage
-from avspec.runtime.model_dir import load_model_dir
+from avspec.runtime.model_dir import load_model
 from avspec.runtime.transformer import Transformer
 
 
@@ -76,12 +76,25 @@ class SpeculativeStep:
         max_length: int,
         device: torch.device | str = "cpu",
         cost: StepCost | None = None,
+        dtype: torch.dtype = torch.float32,
+        vocab_limit: int | None = None,
     ) -> SpeculativeStep:
-        """Load both models and build a step (default cost: linear, target 10x draft)."""
-        target_model, _ = load_model_dir(target_dir, device)
-        draft_model, _ = load_model_dir(draft_dir, device)
+        """Load both models (either directory format, `load_model`) and build a step.
+
+        Default cost: linear, target 10x draft. `vocab_limit`: see `from_models`.
+        """
+        context = max_length if max_length > 0 else None
+        target_model = load_model(target_dir, device, dtype, context)
+        draft_model = load_model(draft_dir, device, dtype, context)
         return cls.from_models(
-            target_model, draft_model, max_draft_tokens, max_sequences, max_length, device, cost
+            target_model,
+            draft_model,
+            max_draft_tokens,
+            max_sequences,
+            max_length,
+            device,
+            cost,
+            vocab_limit=vocab_limit,
         )
 
     @classmethod
@@ -94,8 +107,14 @@ class SpeculativeStep:
         max_length: int,
         device: torch.device | str = "cpu",
         cost: StepCost | None = None,
+        *,
+        vocab_limit: int | None = None,
     ) -> SpeculativeStep:
-        """Build caches, stages and a fresh estimator around two loaded models."""
+        """Build caches, stages and a fresh estimator around two loaded models.
+
+        `vocab_limit`: the tokenizer's size when the models have padded embedding rows
+        (`PairInfo.num_tokens`); logits past it are masked to -inf in both stages.
+        """
         tokens = max_sequences * (max_length if max_length > 0 else 1)
         if cost is None:
             cost = StepCost.linear(1.0, 0.01, 10.0, 0.1, max_sequences, tokens)
@@ -105,11 +124,13 @@ class SpeculativeStep:
                 draft_model,
                 draft_model.new_cache(max_sequences, max_length, device),
                 max_draft_tokens,
+                vocab_limit=vocab_limit,
             ),
             AdaptiveVerifier(estimator, cost),
             TargetStage(
                 target_model,
                 target_model.new_cache(max_sequences, max_length, device),
                 max_draft_tokens,
+                vocab_limit=vocab_limit,
             ),
         )

@@ -84,7 +84,7 @@ class TargetStage(ModelStage):
         """Run the packed batch through the target; return the warped p [batch, K + 1, vocab]."""
         logits = self.model.forward_cached(self.cache, step.seq_ids, packed.tokens, packed.lengths)
         return warp_probs(
-            logits[packed.gather],  # [batch, K + 1, vocab]
+            self.mask_vocab(logits[packed.gather]),  # [batch, K + 1, vocab]
             inputs.temperature.to(self.device, torch.float32),
             inputs.top_p.to(self.device, torch.float32),
             check_values=self.check_values,

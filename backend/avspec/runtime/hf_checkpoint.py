@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
+from avspec.runtime.json_file import read_json_object
 from avspec.runtime.rope import RopeScaling
 from avspec.runtime.transformer import Transformer, TransformerConfig
 
@@ -258,14 +259,9 @@ class _Fields:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
+    data = read_json_object(path, HFCheckpointError)
+    if data is None:
         raise HFCheckpointError(f"{path.parent}: missing {path.name}")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise HFCheckpointError(f"{path}: not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise HFCheckpointError(f"{path}: must hold a JSON object")
     return data
 
 

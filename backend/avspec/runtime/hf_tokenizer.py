@@ -25,13 +25,14 @@ Every problem with a directory raises `TokenizerError` (a `ValueError`) naming t
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import tokenizers
+
+from avspec.runtime.json_file import read_json_object
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -253,15 +254,8 @@ class HFIncrementalDecoder:
 
 def _read_json(path: Path) -> dict[str, Any]:
     """The JSON object in `path`, or {} when the file does not exist."""
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TokenizerError(f"{path}: not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise TokenizerError(f"{path}: must hold a JSON object")
-    return data
+    data = read_json_object(path, TokenizerError)
+    return {} if data is None else data
 
 
 def _ids(path: Path, data: dict[str, Any], field: str) -> list[int]:

@@ -14,6 +14,11 @@ A model directory holds:
 
 To serve your own pair, write both directories in this format (`save_model_dir` does it for a
 `Transformer`) and point the draft and target models' `model_dir` parameter at them.
+
+`load_model` and `load_tokenizer` are the entry points serving uses: they accept either this
+format or a Hugging Face checkpoint directory (`config.json` with an `"architectures"` list,
+read by `avspec.runtime.hf_checkpoint`; `tokenizer.json` read by
+`avspec.runtime.hf_tokenizer`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from avspec.runtime.tokenizer import ByteTokenizer
+from avspec.runtime.hf_checkpoint import load_hf_model
+from avspec.runtime.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
+from avspec.runtime.tokenizer import ByteTokenizer, Tokenizer
 from avspec.runtime.transformer import Transformer, TransformerConfig
 
 FORMAT = "avspec-transformer"
@@ -72,6 +79,68 @@ def load_model_dir(
     _check_weights(weights_path, model, weights)
     model.load_state_dict(weights, strict=True)
     return model.to(device).eval(), ByteTokenizer()
+
+
+def is_hf_dir(path: Path | str) -> bool:
+    """Whether `path/config.json` is a Hugging Face config (a JSON object with "architectures")."""
+    config_path = Path(path) / CONFIG_FILE
+    try:
+        data = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and "architectures" in data
+
+
+def load_model(
+    path: Path | str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    max_length: int | None = None,
+) -> Transformer:
+    """Load either kind of model directory onto `device` in eval mode.
+
+    A Hugging Face checkpoint (`is_hf_dir`) is loaded by `load_hf_model` in `dtype`, its rotary
+    table sized for `max_length` (default: the config's `max_position_embeddings`); a directory
+    of this module's format by `load_model_dir` (fp32 weights, converted to `dtype`). Raises a
+    ValueError naming the directory when it is neither.
+    """
+    path = Path(path)
+    if is_hf_dir(path):
+        model, _ = load_hf_model(path, dtype, device, max_length)
+        return model
+    _check_own_format(path)
+    model, _ = load_model_dir(path, device)
+    return model if dtype == torch.float32 else model.to(dtype)
+
+
+def load_tokenizer(path: Path | str) -> Tokenizer:
+    """The tokenizer of a model directory: `HFTokenizer` when it holds `tokenizer.json`, else
+    the byte tokenizer of this module's format. Raises a ValueError naming the directory when
+    it is neither."""
+    path = Path(path)
+    if (path / TOKENIZER_FILE).is_file():
+        return HFTokenizer.from_directory(path)
+    if is_hf_dir(path):
+        raise ModelDirError(f"{path}: Hugging Face checkpoint without {TOKENIZER_FILE}")
+    _check_own_format(path)
+    read_config(path)
+    return ByteTokenizer()
+
+
+def _check_own_format(path: Path) -> None:
+    """Raise ModelDirError unless `path` claims our format (read_config checks the rest)."""
+    if not path.is_dir():
+        raise ModelDirError(f"model directory {path} does not exist")
+    config_path = path / CONFIG_FILE
+    try:
+        data = json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return  # read_config names the problem
+    if isinstance(data, dict) and "format" not in data:
+        raise ModelDirError(
+            f'{path}: neither a Hugging Face checkpoint (config.json has no "architectures") '
+            f'nor an {FORMAT!r} model directory (no "format")'
+        )
 
 
 def read_config(path: Path) -> TransformerConfig:

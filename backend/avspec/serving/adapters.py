@@ -31,7 +31,7 @@ from avspec.contract import base_tokens
 from avspec.engine.draft_stage import DraftStage
 from avspec.engine.stage import ModelStage
 from avspec.engine.target_stage import TargetStage
-from avspec.runtime.model_dir import load_model_dir
+from avspec.runtime.model_dir import load_model
 from avspec.serving.repository import (
     StageParams,
     VerifierParams,
@@ -106,7 +106,9 @@ class StageAdapter(ABC):
     stage_class: ClassVar[type[ModelStage]]
 
     def __init__(self, params: StageParams, root: Path) -> None:
-        model, _ = load_model_dir(resolve_path(root, params.model_dir), params.device)
+        model = load_model(
+            resolve_path(root, params.model_dir), params.device, max_length=params.max_length
+        )
         cache = model.new_cache(params.max_sequences, params.max_length, params.device)
         self.stage = self.stage_class(
             model, cache, params.max_draft_tokens, idle_timeout_s=params.idle_timeout_s

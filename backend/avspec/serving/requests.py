@@ -8,7 +8,8 @@ Integer inputs are range-checked as received, before any int32 cast, so a wide v
 rather than wrapped. `parse_client` reads the client identity from the request parameters.
 `ResponseStream` turns the scheduler's per-step reports into what one client receives: a chunk
 per step when streaming (newly completed text and that step's counts), one final chunk with the
-whole text and the totals otherwise.
+whole text and the totals otherwise. Both take any `Tokenizer` (the byte tokenizer or a Hugging
+Face one); `entry_tokenizer` picks the one the entry model serves with: the target model's.
 """
 
 from __future__ import annotations
@@ -17,13 +18,20 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from avspec.engine.scheduler import MAX_TEMPERATURE
 from avspec.engine.sequence import GenerationRequest, StepReport
-from avspec.runtime.tokenizer import ByteTokenizer, IncrementalDecoder
-from avspec.serving.repository import EntryParams
+from avspec.runtime.model_dir import load_tokenizer
+from avspec.runtime.tokenizer import ByteTokenizer, Tokenizer
+from avspec.serving.repository import (
+    EntryParams,
+    project_root,
+    read_config_parameters,
+    resolve_path,
+)
 
 _SEED_RANGE = 1 << 63  # seeds travel as int64
 _INT32_MAX = (1 << 31) - 1
@@ -31,8 +39,26 @@ CLIENT_PARAMETER = "avspec-client"  # request parameter (a header forwarded by T
 MAX_CLIENT_LENGTH = 256
 
 
+TARGET_MODEL = "target"  # the repository's target model, whose model_dir holds the tokenizer
+
+
 class RequestError(ValueError):
     """A request input is missing or invalid; the message names the input."""
+
+
+def entry_tokenizer(model_directory: str | Path) -> Tokenizer:
+    """The tokenizer of the entry model whose directory is `model_directory` (Triton's
+    `args["model_repository"]`): `load_tokenizer` of the target model's `model_dir` parameter
+    (the sibling `target/config.pbtxt`, relative paths against the project root), or the byte
+    tokenizer when there is no such config or parameter. A `model_dir` that is neither kind of
+    model directory raises ValueError naming it."""
+    config = Path(model_directory).parent / TARGET_MODEL / "config.pbtxt"
+    if not config.is_file():
+        return ByteTokenizer()
+    model_dir = read_config_parameters(config.read_text()).get("model_dir", "")
+    if not model_dir:
+        return ByteTokenizer()
+    return load_tokenizer(resolve_path(project_root(model_directory), model_dir))
 
 
 def _scalar(values: Mapping[str, np.ndarray | None], name: str) -> object | None:
@@ -85,7 +111,7 @@ def parse_client(parameters: str | None) -> str:
 def parse_generation_inputs(
     values: Mapping[str, np.ndarray | None],
     params: EntryParams,
-    tokenizer: ByteTokenizer,
+    tokenizer: Tokenizer,
     client: str = "",
 ) -> tuple[GenerationRequest, bool]:
     """Return (request, stream) from one request's inputs; RequestError naming the problem.
@@ -160,9 +186,9 @@ class ResponseChunk:
 class ResponseStream:
     """Per-request response assembly from scheduler reports (see the module docstring)."""
 
-    def __init__(self, stream: bool, tokenizer: ByteTokenizer | None = None) -> None:
+    def __init__(self, stream: bool, tokenizer: Tokenizer | None = None) -> None:
         self.stream = stream
-        self.decoder = IncrementalDecoder(tokenizer)
+        self.decoder = (tokenizer or ByteTokenizer()).incremental_decoder()
         self.parts: list[str] = []
         self.drafted = self.verified = self.accepted = 0
         self.finish_reason: str | None = None

@@ -14,12 +14,12 @@ import triton_python_backend_utils as pb_utils
 
 from avspec.engine.admission import Overloaded
 from avspec.engine.scheduler import Scheduler
-from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.serving import repository
 from avspec.serving.metrics import LIVE_SEQUENCES
 from avspec.serving.requests import (
     RequestError,
     ResponseStream,
+    entry_tokenizer,
     parse_client,
     parse_generation_inputs,
 )
@@ -32,7 +32,8 @@ class TritonPythonModel:
             repository.EntryParams, repository.model_parameters(config)
         )
         self.input_names = [tensor["name"] for tensor in config["input"]]
-        self.tokenizer = ByteTokenizer()
+        # the target model's tokenizer (its model_dir), else the byte tokenizer
+        self.tokenizer = entry_tokenizer(args["model_repository"])
         self.live_family = pb_utils.MetricFamily(
             name=LIVE_SEQUENCES.name,
             description=LIVE_SEQUENCES.description,
@@ -42,7 +43,7 @@ class TritonPythonModel:
         self.live.set(0)
         p = self.params
         self.scheduler = Scheduler(
-            self._step, self.tokenizer.eos_id, p.max_batch_size, p.max_context, p.max_draft_tokens,
+            self._step, self.tokenizer.eos_ids, p.max_batch_size, p.max_context, p.max_draft_tokens,
             max_queued=p.max_queued, max_queued_per_client=p.max_queued_per_client,
             refit_max_temperature=p.refit_max_temperature,
             refit_client_share=p.refit_client_share,

@@ -129,6 +129,22 @@ def test_eos_finishes_the_request_and_releases_it() -> None:
     assert fake.released == [seq_id] and scheduler.counters.requests_finished == 1
 
 
+def test_eos_ids_set_stops_on_any() -> None:
+    """A set of EOS ids: the scheduler stops on any one of them; an int still works."""
+    assert make(FakeStep()).eos_ids == frozenset({EOS})
+    fake = FakeStep()
+    seq_ids = [1, 2]
+    # stop sequence 1 on its own 3rd generated token, sequence 2 on plain EOS
+    stop_token = token_at(seq_ids[0], 4 + 2)
+    fake.eos_at = {seq_ids[1]: 5 + 1}
+    scheduler = Scheduler(fake, {EOS, stop_token}, 8, 128, K)
+    (a, ca), (b, cb) = submit(scheduler, 4, 20), submit(scheduler, 5, 20)
+    assert [a, b] == seq_ids
+    scheduler.run_until_idle()
+    assert ca.tokens == expected(a, 4, 2) and ca.reports[-1].finish_reason == "stop"
+    assert cb.tokens == expected(b, 5, 1) and cb.reports[-1].finish_reason == "stop"
+
+
 def test_queue_beyond_max_batch_size_joins_later() -> None:
     fake = FakeStep()
     scheduler = make(fake, max_batch_size=2)

@@ -15,6 +15,7 @@ from avspec.engine.sequence import (
     Outcome,
     SequenceState,
     StepReport,
+    as_eos_ids,
     build_inputs,
     read_outputs,
 )
@@ -65,6 +66,24 @@ def test_eos_ends_the_request_and_is_not_emitted() -> None:
     assert report.new_tokens == [22]
     assert report.finished and report.finish_reason == "stop"
     assert seq.generated == 3
+
+
+def test_any_of_several_eos_ids_ends_the_request() -> None:
+    eos_ids = frozenset({EOS, 7})
+    seq = state(prompt_len=4)
+    assert not seq.commit(Outcome([20, 21], verified=1, accepted=1), eos_ids).finished
+    report = seq.commit(Outcome([22, 7, EOS], verified=2, accepted=2), eos_ids)
+    assert report.new_tokens == [22] and report.finish_reason == "stop"
+    # a list works as well; an id not in the set is an ordinary token
+    report = state().commit(Outcome([EOS + 1, EOS], verified=1, accepted=1), [EOS, 9])
+    assert report.new_tokens == [EOS + 1] and report.finish_reason == "stop"
+
+
+def test_eos_ids_normalised() -> None:
+    assert as_eos_ids(5) == frozenset({5})
+    assert as_eos_ids([5, 6, 5]) == frozenset({5, 6})
+    with pytest.raises(ValueError, match="at least one"):
+        as_eos_ids([])
 
 
 def test_eos_first_emits_nothing() -> None:

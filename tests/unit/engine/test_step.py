@@ -159,3 +159,63 @@ def test_mismatched_stages_rejected(pair) -> None:
     b.target.max_draft_tokens = K - 1
     with pytest.raises(ValueError, match="drafts"):
         SpeculativeStep(a.draft, a.verifier, b.target)
+
+
+class _RecordingDraft:
+    """Wraps a draft stage and keeps every drafted token that counts (within num_drafted)."""
+
+    def __init__(self, stage) -> None:
+        self.stage = stage
+        self.tokens: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self.stage, name)
+
+    def __call__(self, inputs):
+        out = self.stage(inputs)
+        for row, n in zip(out.draft_tokens.tolist(), out.num_drafted.tolist(), strict=True):
+            self.tokens.extend(row[:n])
+        return out
+
+
+def test_padded_vocab_rows_are_never_drafted_or_sampled() -> None:
+    """Embedding rows past the tokenizer's size (vocab_limit) get -inf logits in both stages."""
+    limit = 200
+    target, draft = fresh_pair()
+    with torch.no_grad():
+        for model in (target, draft):  # padded rows dominate the tied output layer
+            model.embed.weight[limit:] *= 40.0
+    requests = [
+        GenerationRequest(p, 12, temperature=t, random_seed=s, num_draft_tokens=K)
+        for p in PROMPTS
+        for t, s in ((0.0, 0), (1.0, 3), (1.5, 9))
+    ]
+    unmasked = generate(build(target, draft, 16), requests, max_context=96)
+    assert any(t >= limit for out in unmasked for t in out), "control: padded rows win unmasked"
+
+    step = SpeculativeStep.from_models(
+        target, draft, K, 16, 96,
+        cost=StepCost.linear(0.1, 0.01, 1.0, 1.0, max_rows=64, max_tokens=512),
+        vocab_limit=limit,
+    )  # fmt: skip
+    step.draft = _RecordingDraft(step.draft)
+    masked = generate(step, requests, max_context=96)
+    assert all(t < limit for out in masked for t in out)
+    assert step.draft.tokens and all(t < limit for t in step.draft.tokens)
+    # greedy output is the target's greedy decoding over the real tokens only
+    for request, out in zip(requests, masked, strict=True):
+        if request.temperature == 0.0:
+            tokens: list[int] = []
+            for _ in range(12):
+                logits = target(torch.tensor([request.prompt_ids + tokens]))[0, -1, :limit]
+                tokens.append(int(logits.float().argmax()))
+            assert out == tokens
+
+
+def test_vocab_limit_must_fit_the_model(pair) -> None:
+    target, draft = pair
+    for bad in (0, target.config.vocab_size + 1):
+        with pytest.raises(ValueError, match="vocab_limit"):
+            SpeculativeStep.from_models(target, draft, K, 4, 64, vocab_limit=bad)
+    step = SpeculativeStep.from_models(target, draft, K, 4, 64, vocab_limit=257)
+    assert step.draft.vocab_limit is None and step.target.vocab_limit is None  # nothing padded

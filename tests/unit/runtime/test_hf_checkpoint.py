@@ -13,12 +13,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.hf_dirs import TINY_LLAMA, spread_weights
 from safetensors.torch import load_file, save_file
 from transformers import (
     LlamaConfig,
@@ -37,15 +37,7 @@ from avspec.runtime.transformer import Transformer
 MAX_DIFF = 1e-4
 WRONG_DIFF = 1e-2  # a wrong variant must miss by at least this much
 VOCAB, CONTEXT = 300, 64
-TINY = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-)
+TINY = dict(TINY_LLAMA, vocab_size=VOCAB)
 LLAMA3 = {
     "rope_type": "llama3",
     "factor": 8.0,
@@ -81,17 +73,7 @@ def build(kind: str, seed: int = 0) -> torch.nn.Module:
     config_cls, model_cls, extra = VARIANTS[kind]
     torch.manual_seed(seed)
     model = model_cls(config_cls(**{**TINY, **extra}, bos_token_id=1, eos_token_id=2))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.2 * noise)
-            elif p.dim() == 1:
-                p.copy_(0.5 * noise)
-            else:
-                p.copy_(noise * 1.5 / math.sqrt(p.shape[1]))
-    return model.eval()
+    return spread_weights(model, seed)
 
 
 def save(model: torch.nn.Module, path: Path, dtype: torch.dtype = torch.float32, **kwargs) -> Path:

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers.hf_dirs import byte_level_bpe
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from avspec.runtime.hf_tokenizer import HFTokenizer, TokenizerError
@@ -59,17 +60,8 @@ SAMPLES = [
 
 
 def _byte_level_tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|reserved_0|>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=600,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer)
+    tok = byte_level_bpe(CORPUS, specials, 600)
     bos = tok.token_to_id("<|begin_of_text|>")
     tok.post_processor = processors.TemplateProcessing(
         single="<|begin_of_text|> $A",

@@ -8,7 +8,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from avspec.runtime.model_dir import ModelDirError, load_model_dir, read_config, save_model_dir
+from avspec.runtime.hf_tokenizer import HFTokenizer
+from avspec.runtime.model_dir import (
+    ModelDirError,
+    is_hf_dir,
+    load_model,
+    load_model_dir,
+    load_tokenizer,
+    read_config,
+    save_model_dir,
+)
 from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
 
@@ -104,3 +113,52 @@ def test_missing_extra_and_wrong_dtype_tensors(model_dir):
     weights_path.write_bytes(b"garbage")
     with pytest.raises(ModelDirError, match="unreadable safetensors"):
         load_model_dir(path)
+
+
+# --- load_model / load_tokenizer: either directory format ---
+
+
+def test_load_model_and_tokenizer_of_our_format(model_dir):
+    path, model = model_dir
+    loaded = load_model(path)
+    assert loaded.config == CONFIG and not loaded.training
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids), model(ids))
+    assert isinstance(load_tokenizer(path), ByteTokenizer)
+    assert not is_hf_dir(path)
+
+
+def test_load_model_and_tokenizer_of_a_hugging_face_dir(tmp_path):
+    pytest.importorskip("transformers")
+    from helpers.hf_dirs import save_hf_dir, tiny_llama, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    reference = tiny_llama(tok.get_vocab_size(), seed=3)
+    path = save_hf_dir(tmp_path / "hf", reference, tok, generation_eos=[1, 7])
+    assert is_hf_dir(path)
+    loaded = load_model(path, max_length=64)
+    assert loaded.config.vocab_size == tok.get_vocab_size() and loaded.config.max_length == 64
+    ids = torch.tensor([[0, 5, 9, 11]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids), reference(ids).logits, atol=1e-4, rtol=1e-4)
+    tokenizer = load_tokenizer(path)
+    assert isinstance(tokenizer, HFTokenizer) and tokenizer.eos_ids == {1, 7}
+    assert tokenizer.encode("fox")[0] == 0  # BOS prepended
+
+
+def test_load_model_and_tokenizer_refuse_other_directories(tmp_path, model_dir):
+    for load in (load_model, load_tokenizer):
+        with pytest.raises(ValueError, match="nowhere"):
+            load(tmp_path / "nowhere")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    for load in (load_model, load_tokenizer):
+        with pytest.raises(ModelDirError, match=f"{other}: neither a Hugging Face checkpoint"):
+            load(other)
+    (other / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    with pytest.raises(ModelDirError, match=f"{other}: Hugging Face checkpoint without"):
+        load_tokenizer(other)
+    with pytest.raises(ValueError, match=str(other)):
+        load_model(other)

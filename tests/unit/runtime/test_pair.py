@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+from helpers.hf_dirs import byte_level_bpe
+from tokenizers import AddedToken, Tokenizer
 
 from avspec.runtime.hf_tokenizer import HFTokenizer
 from avspec.runtime.pair import PairError, PairInfo, check_pair
@@ -22,17 +23,7 @@ SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|reserved_0|>"]
 
 def _train() -> dict:
     """tokenizer.json of a small byte-level BPE (Qwen2 / Llama 3 style), as a JSON dict."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    return json.loads(tok.to_str())
+    return json.loads(byte_level_bpe(CORPUS, SPECIALS, 400).to_str())
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from helpers import ROOT
 
 from avspec.engine.sequence import StepReport
+from avspec.runtime.hf_tokenizer import HFTokenizer
 from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.serving.repository import (
     EntryParams,
@@ -18,6 +21,7 @@ from avspec.serving.requests import (
     MAX_TEMPERATURE,
     RequestError,
     ResponseStream,
+    entry_tokenizer,
     parse_client,
     parse_generation_inputs,
 )
@@ -199,3 +203,61 @@ def test_non_stream_sends_once_with_totals() -> None:
     final = stream.on_step(report([ord("b"), 256], drafted=3, finished=True))
     assert (final.text, final.drafted, final.verified, final.accepted) == ("ab", 5, 4, 2)
     assert final.final and stream.finish_reason == "length"
+
+
+# --- any Tokenizer: the target model's, chosen by entry_tokenizer ---
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer_dir(tmp_path_factory):
+    """A model directory holding only a tiny Hugging Face tokenizer (and its config files)."""
+    from helpers.hf_dirs import BOS, EOS, tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("hf_tok")
+    tok = tiny_tokenizer()
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": BOS, "eos_token": EOS}))
+    (path / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "eos_token_id": 1, "bos_token_id": 0})
+    )
+    return path
+
+
+def test_hugging_face_tokenizer_parses_and_streams(hf_tokenizer_dir) -> None:
+    tokenizer = HFTokenizer.from_directory(hf_tokenizer_dir)
+    text = "The quick brown fox — naïve 🚀"
+    request, _ = parse_generation_inputs(inputs(text_input=text.encode()), PARAMS, tokenizer)
+    assert request.prompt_ids == tokenizer.encode(text) and request.prompt_ids[0] == 0
+    ids = tokenizer.encode(text)[1:]
+    stream = ResponseStream(stream=True, tokenizer=tokenizer)
+    chunks = [stream.on_step(report([i])) for i in ids]
+    chunks.append(stream.on_step(report([1], finished=True)))  # EOS: not part of the text
+    assert "".join(c.text for c in chunks) == tokenizer.decode(ids) == text
+    whole = ResponseStream(stream=False, tokenizer=tokenizer)
+    for i in ids:
+        whole.on_step(report([i]))
+    assert whole.on_step(report([], finished=True)).text == text
+
+
+def write_entry_repository(root, target_params: str):
+    """A project root with a model repository holding the entry and a target config."""
+    (root / "model_repository/speculative").mkdir(parents=True)
+    (root / "model_repository/target").mkdir(parents=True)
+    (root / "model_repository/target/config.pbtxt").write_text(f'name: "target"\n{target_params}')
+    return root / "model_repository/speculative"
+
+
+def test_entry_tokenizer_is_the_targets(tmp_path, hf_tokenizer_dir) -> None:
+    param = 'parameters {{ key: "model_dir" value: {{ string_value: "{}" }} }}\n'
+    entry = write_entry_repository(tmp_path / "hf", param.format(hf_tokenizer_dir))
+    tokenizer = entry_tokenizer(entry)
+    assert isinstance(tokenizer, HFTokenizer) and tokenizer.eos_ids == {1}
+    # no model_dir, or no target config: today's byte tokenizer
+    assert isinstance(entry_tokenizer(write_entry_repository(tmp_path / "none", "")), ByteTokenizer)
+    assert isinstance(entry_tokenizer(tmp_path / "elsewhere/model_repository/x"), ByteTokenizer)
+    # a relative model_dir resolves against the project root; a bad one names the directory
+    entry = write_entry_repository(tmp_path / "bad", param.format("models/missing"))
+    with pytest.raises(ValueError, match="models/missing"):
+        entry_tokenizer(entry)
+    # the repository's own target: the byte-tokenizer pair
+    assert isinstance(entry_tokenizer(ROOT / "model_repository/speculative"), ByteTokenizer)

@@ -1,0 +1,114 @@
+"""Tiny Hugging Face model directories (a random LlamaForCausalLM + a trained tokenizer.json).
+
+Needs the test-only dependency `transformers` (and `tokenizers`, a runtime one).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+BOS, EOS = "<s>", "</s>"
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. Speculative decoding drafts tokens with a "
+    "small model and verifies them with a large one. ",
+    "def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n",
+] * 8
+
+
+def byte_level_bpe(corpus: list[str], specials: list[str], vocab_size: int) -> Tokenizer:
+    """A byte-level BPE (Llama 3 / Qwen2 style) trained on `corpus`; no post-processor."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    return tok
+
+
+def tiny_tokenizer(vocab_size: int = 320) -> Tokenizer:
+    """A byte-level BPE tokenizer trained on CORPUS, with BOS prepended and an EOS token."""
+    tok = byte_level_bpe(CORPUS, [BOS, EOS], vocab_size)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", special_tokens=[(BOS, tok.token_to_id(BOS))]
+    )
+    return tok
+
+
+# The tiny Llama shape the Hugging Face tests build (GQA: 4 query heads over 2 KV heads).
+TINY_LLAMA = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+
+
+def tiny_llama(vocab_rows: int, seed: int = 0, bos_id: int = 0, eos_id: int = 1):
+    """A random float32 LlamaForCausalLM with weights large enough for peaked logits."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_rows, bos_token_id=bos_id, eos_token_id=eos_id, **TINY_LLAMA
+    )
+    return spread_weights(LlamaForCausalLM(config), seed)
+
+
+def spread_weights(model, seed: int):
+    """Weights large enough that attention is not uniform and logits are peaked; random norm
+    weights and biases (the library initialises those to 1 and 0). Returns the model, in eval."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * noise)
+            elif p.dim() == 1:
+                p.copy_(0.5 * noise)
+            else:
+                p.copy_(noise * 1.5 / math.sqrt(p.shape[1]))
+    return model.eval()
+
+
+def perturbed(model, scale: float, seed: int):
+    """A copy of `model` with every weight w replaced by w + scale * |w|.std() * noise."""
+    import copy
+
+    out = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(scale * p.std() * torch.randn(p.shape, generator=gen))
+    return out.eval()
+
+
+def save_hf_dir(path: Path, model, tok: Tokenizer, generation_eos: list[int] | None = None) -> Path:
+    """save_pretrained (safetensors) plus tokenizer.json, tokenizer_config.json and, when
+    `generation_eos` is given, generation_config.json naming those EOS ids."""
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"bos_token": BOS, "eos_token": EOS, "tokenizer_class": "PreTrainedTokenizerFast"}
+        )
+    )
+    gen_path = path / "generation_config.json"
+    if generation_eos is not None:
+        gen_path.write_text(
+            json.dumps({"bos_token_id": tok.token_to_id(BOS), "eos_token_id": generation_eos})
+        )
+    elif gen_path.exists():
+        gen_path.unlink()
+    return path
