@@ -36,8 +36,13 @@ clean:
 # Admin APIs (model control, repository, config, stats, logging, trace) stay closed unless
 # ADMIN_KEY_FILE (or AVSPEC_ADMIN_KEY in the environment) gives the operator's key.
 ADMIN_KEY_FILE ?=
+# The pair to serve: Hugging Face checkpoint directories (or the project's own format), checked
+# and described by the launcher before tritonserver starts.
+DRAFT_MODEL ?= models/draft
+TARGET_MODEL ?= models/target
 serve: $(STAMP)
 	$(PY) -m avspec.serving.launcher --model-repository model_repository \
+		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		$(if $(ADMIN_KEY_FILE),--admin-key-file $(ADMIN_KEY_FILE))
 

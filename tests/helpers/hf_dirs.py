@@ -112,3 +112,22 @@ def save_hf_dir(path: Path, model, tok: Tokenizer, generation_eos: list[int] | N
     elif gen_path.exists():
         gen_path.unlink()
     return path
+
+
+def hf_greedy(
+    model, prompt: list[int], eos_ids: list[int], max_new: int, suppress: list[int] = ()
+) -> list[int]:
+    """transformers' greedy `generate` of `model`: the new tokens, without a final EOS.
+
+    suppress: token ids never generated (padded embedding rows, masked like the stages'
+    vocab_limit)."""
+    out = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=eos_ids,
+        pad_token_id=eos_ids[0],
+        suppress_tokens=list(suppress) or None,
+    )[0, len(prompt) :].tolist()
+    return out[:-1] if out and out[-1] in eos_ids else out

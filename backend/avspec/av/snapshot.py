@@ -10,7 +10,8 @@ File format: one JSON object, UTF-8, written atomically (temporary file + os.rep
       "intercepts": [0.41, 0.12, ...],           # b_k, num_positions entries
       "num_steps": 1200, "num_refits": 12,       # counters
       "accumulators": {"A": [...], "B": [...], "C": [...],
-                       "G0": [...], "G1": [...], "n": [...]}   # optional: the open window
+                       "G0": [...], "G1": [...], "n": [...]},  # optional: the open window
+      "pair": "3f2a..."                          # optional: the draft/target pair fitted on
     }
 
 On load the caller's config wins for everything but num_positions, which must match (a
@@ -67,8 +68,11 @@ class SnapshotError(ValueError):
         self.field = field
 
 
-def save_snapshot(estimator: AcceptanceEstimator, path: Path) -> None:
+def save_snapshot(estimator: AcceptanceEstimator, path: Path, pair_id: str = "") -> None:
     """Write the estimator's coefficients, counters and open accumulators to `path` atomically.
+
+    `pair_id` (non-empty) is recorded as `"pair"`: the draft/target pair the estimator was
+    fitted on (`avspec.serving.model_pair.pair_identity`), read back by `snapshot_pair`.
 
     Raises SnapshotError, before touching the file system, if a value is non-finite or out of
     bounds (see the module docstring): the previous file then stays as it was.
@@ -89,6 +93,8 @@ def save_snapshot(estimator: AcceptanceEstimator, path: Path) -> None:
         "num_refits": state["num_refits"],
         "accumulators": {k: v.tolist() for k, v in state["stats"].items()},
     }
+    if pair_id:
+        document["pair"] = pair_id
     text = json.dumps(document, indent=1, allow_nan=False)
     fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -130,6 +136,17 @@ def load_snapshot(
     except ValueError as err:
         raise SnapshotError(f"{path}: {err}") from None
     return estimator
+
+
+def snapshot_pair(path: Path) -> str | None:
+    """The `"pair"` identity recorded in the snapshot at `path`; None when it records none (an
+    older snapshot) or cannot be read (`load_snapshot` then reports why)."""
+    try:
+        document = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    pair = document.get("pair") if isinstance(document, dict) else None
+    return pair if isinstance(pair, str) and pair else None
 
 
 def move_aside(path: Path) -> Path:

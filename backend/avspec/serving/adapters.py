@@ -23,7 +23,13 @@ import torch
 from avspec.av.cost_file import default_step_cost, load_step_cost
 from avspec.av.cost_refresh import CostRefresh
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
-from avspec.av.snapshot import SnapshotError, load_snapshot, move_aside, save_snapshot
+from avspec.av.snapshot import (
+    SnapshotError,
+    load_snapshot,
+    move_aside,
+    save_snapshot,
+    snapshot_pair,
+)
 from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier, VerifyDecision
 from avspec.config import EstimatorConfig
@@ -66,9 +72,13 @@ def load_cost_tables(path: Path | None) -> StepCost:
 
 
 def load_estimator(
-    config: EstimatorConfig, snapshot: Path | None, device: str
+    config: EstimatorConfig, snapshot: Path | None, device: str, pair_id: str = ""
 ) -> AcceptanceEstimator:
     """Warm start: restore the snapshot if there is one, else the starting values.
+
+    With `pair_id` (the served pair's identity), a snapshot recorded for another pair is
+    ignored with one log line naming both identities and left in place (it is valid for its
+    own pair); one recording no pair (older snapshots) is accepted, and that is logged.
 
     A missing file starts fresh silently. An unreadable, mismatched or out-of-bounds one is
     logged (file and field), moved aside to `<name>.invalid-<time>` and the estimator starts
@@ -77,6 +87,18 @@ def load_estimator(
     """
     if snapshot is None or not snapshot.is_file():
         return AcceptanceEstimator(config, device)
+    recorded = snapshot_pair(snapshot)
+    if pair_id and recorded is not None and recorded != pair_id:
+        logger.warning(
+            "ignoring estimator snapshot %s: fitted on pair %s, serving pair %s; starting from "
+            "the configured values",
+            snapshot,
+            recorded,
+            pair_id,
+        )
+        return AcceptanceEstimator(config, device)
+    if pair_id and recorded is None:
+        logger.info("estimator snapshot %s records no pair: accepting it for %s", snapshot, pair_id)
     try:
         estimator = load_snapshot(snapshot, config, device)
     except SnapshotError as err:
@@ -107,11 +129,18 @@ class StageAdapter(ABC):
 
     def __init__(self, params: StageParams, root: Path) -> None:
         model = load_model(
-            resolve_path(root, params.model_dir), params.device, max_length=params.max_length
+            resolve_path(root, params.model_dir),
+            params.device,
+            dtype=getattr(torch, params.dtype),
+            max_length=params.max_length,
         )
         cache = model.new_cache(params.max_sequences, params.max_length, params.device)
         self.stage = self.stage_class(
-            model, cache, params.max_draft_tokens, idle_timeout_s=params.idle_timeout_s
+            model,
+            cache,
+            params.max_draft_tokens,
+            idle_timeout_s=params.idle_timeout_s,
+            vocab_limit=params.vocab_limit or None,
         )
 
     @property
@@ -198,7 +227,8 @@ class VerifierAdapter:
         self.refresh = CostRefresh(
             cost, params.cost_refresh, params.cost_refresh_window, params.cost_refresh_every
         )
-        self.estimator = load_estimator(config, self.snapshot, params.device)
+        self.pair_id = params.pair_id
+        self.estimator = load_estimator(config, self.snapshot, params.device, self.pair_id)
         self.verifier = AdaptiveVerifier(
             self.estimator, cost, refresh=self.refresh, drafting=params.adaptive_drafting
         )
@@ -252,7 +282,7 @@ class VerifierAdapter:
             return
         try:
             self.snapshot.parent.mkdir(parents=True, exist_ok=True)
-            save_snapshot(self.estimator, self.snapshot)
+            save_snapshot(self.estimator, self.snapshot, self.pair_id)
         except (OSError, ValueError) as err:
             logger.warning("could not save estimator snapshot %s: %s", self.snapshot, err)
 

@@ -6,6 +6,13 @@ deployment with the tritonserver bundled in nvidia-pytriton (`make serve`). The 
 two repositories, `--model-config-name gpu` and the models to load, so both deployments get the
 same exposure (avspec.serving.server_process, avspec.serving.exposure). It prints one line when
 every model is ready; the first SIGINT/SIGTERM stops the server gracefully.
+
+`--draft-model DIR --target-model DIR` (`make serve DRAFT_MODEL=... TARGET_MODEL=...`) serve a
+user's pair: before tritonserver starts, the pair is checked from configs and tokenizers only
+(avspec.serving.model_pair; a mismatch exits 1 with the pair check's message), one line per
+model is printed (path, architecture, dtype, parameters, KV cache reserved), and a copy of the
+repository with the pair's overrides (model_dir, vocab_limit, capped max_length / max_context,
+the verifier's pair_id) is served from a temporary directory.
 """
 
 from __future__ import annotations
@@ -15,10 +22,13 @@ import contextlib
 import os
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from avspec.serving.exposure import ADMIN_KEY_ENV, ADMIN_KEY_HEADER, read_admin_key
+from avspec.serving.model_pair import prepare_pair
+from avspec.serving.repository import build_test_repository
 from avspec.serving.server_process import ServerError, ServerProcess
 
 
@@ -67,6 +77,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=1 << 20,
         help="largest HTTP request body / gRPC message accepted (413 / RESOURCE_EXHAUSTED past it)",
+    )
+    parser.add_argument(
+        "--draft-model",
+        type=Path,
+        help="the draft's model directory (a Hugging Face checkpoint or the project's own "
+        "format), overriding the draft model's model_dir; with either of --draft-model and "
+        "--target-model the pair is checked and described before tritonserver starts, and a "
+        "rewritten copy of the repository is served",
+    )
+    parser.add_argument(
+        "--target-model", type=Path, help="the target's model directory (see --draft-model)"
     )
     _add_server_choice(parser)
     return parser.parse_args(argv)
@@ -140,11 +161,37 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signum, handler)
 
 
+def prepare_repository(
+    repository: Path, draft_model: Path | None, target_model: Path | None, workdir: Path
+) -> Path:
+    """Check the pair (`avspec.serving.model_pair.prepare_pair`), print its lines and return a
+    copy of `repository` under `workdir` with the pair's overrides. Raises PairError (a
+    ValueError, the pair check's one message) before anything is copied or loaded."""
+    pair = prepare_pair(
+        repository,
+        draft_model.resolve() if draft_model is not None else None,
+        target_model.resolve() if target_model is not None else None,
+    )
+    for line in pair.lines:
+        print(line, flush=True)
+    return build_test_repository(repository, workdir / repository.name, pair.overrides)
+
+
 def _serve(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="avspec-repository-") as workdir:
+        return _serve_in(args, Path(workdir))
+
+
+def _serve_in(args: argparse.Namespace, workdir: Path) -> int:
     server = None
     try:
+        repositories = list(args.model_repository)
+        if args.draft_model is not None or args.target_model is not None:
+            repositories[0] = prepare_repository(
+                repositories[0], args.draft_model, args.target_model, workdir
+            )
         server = ServerProcess(
-            args.model_repository[0],
+            repositories[0],
             args.http_port,
             args.grpc_port,
             args.metrics_port,
@@ -157,7 +204,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             tritonserver=args.tritonserver,
             backend_directory=args.backend_directory,
-            extra_repositories=args.model_repository[1:],
+            extra_repositories=repositories[1:],
             model_config_name=args.model_config_name,
             load_models=args.load_models,
         )

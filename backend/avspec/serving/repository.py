@@ -68,6 +68,13 @@ STEP_OUTPUT_DTYPES: dict[str, type] = {
 }
 
 
+# Serving dtypes a stage may ask for, by device kind (fp16 matmuls are slow or missing on CPU).
+SERVING_DTYPES: dict[str, tuple[str, ...]] = {
+    "cpu": ("float32", "bfloat16"),
+    "cuda": ("float32", "float16", "bfloat16"),
+}
+
+
 @dataclass(frozen=True)
 class StageParams:
     """Parameters of the `draft` and `target` models."""
@@ -79,8 +86,17 @@ class StageParams:
     idle_timeout_s: float | None = None  # free a sequence not seen for this long (None: never)
     device: str = "cpu"
     malloc_trim_steps: int = 10  # give freed heap back to the OS every N steps (serving.heap)
+    dtype: str = "float32"  # serving dtype of weights and KV cache (SERVING_DTYPES by device)
+    vocab_limit: int = 0  # the pair check's num_tokens: logits past it set to -inf (0: none)
 
     def __post_init__(self) -> None:
+        allowed = SERVING_DTYPES["cpu" if self.device == "cpu" else "cuda"]
+        if self.dtype not in allowed:
+            raise ValueError(
+                f"dtype must be one of {', '.join(allowed)} on {self.device}, got {self.dtype!r}"
+            )
+        if self.vocab_limit < 0:
+            raise ValueError(f"vocab_limit must be >= 0 (0: none), got {self.vocab_limit}")
         if self.malloc_trim_steps < 0:
             raise ValueError(f"malloc_trim_steps must be >= 0, got {self.malloc_trim_steps}")
         for name in ("max_draft_tokens", "max_sequences", "max_length"):
@@ -99,6 +115,7 @@ class VerifierParams:
     cost_refresh: bool = True  # refresh the cost tables online from measured stage times
     cost_refresh_window: int = 64  # steps of measurements the refresh keeps
     cost_refresh_every: int = 16  # steps between refreshes
+    pair_id: str = ""  # identity of the served draft/target pair (warm start); "": unknown
 
 
 @dataclass(frozen=True)

@@ -184,3 +184,16 @@ def test_move_aside_renames_next_to_the_file(tmp_path: Path) -> None:
     assert first != second and not path.exists()
     assert first.parent == tmp_path and first.name.startswith("s.json.invalid-")
     assert {first.read_text(), second.read_text()} == {"bad", "bad again"}
+
+
+def test_pair_identity_is_recorded_only_when_given(tmp_path: Path) -> None:
+    path = tmp_path / "estimator.json"
+    save_snapshot(_trained(), path, pair_id="abc123")
+    assert json.loads(path.read_text())["pair"] == "abc123"
+    assert snapshot.snapshot_pair(path) == "abc123"
+    load_snapshot(path, CONFIG)  # the field does not disturb loading
+    save_snapshot(_trained(), path)
+    assert "pair" not in json.loads(path.read_text())
+    assert snapshot.snapshot_pair(path) is None
+    path.write_text("{broken")
+    assert snapshot.snapshot_pair(path) is None

@@ -9,11 +9,16 @@ of the target for the same prompt ids, stopping at an EOS named by generation_co
 from __future__ import annotations
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 
-from helpers.hf_dirs import perturbed, save_hf_dir, tiny_llama, tiny_tokenizer  # noqa: E402
+from helpers.hf_dirs import (  # noqa: E402
+    hf_greedy,
+    perturbed,
+    save_hf_dir,
+    tiny_llama,
+    tiny_tokenizer,
+)
 
 from avspec.engine.scheduler import Scheduler  # noqa: E402
 from avspec.engine.sequence import GenerationRequest  # noqa: E402
@@ -28,19 +33,6 @@ K, MAX_NEW, CONTEXT = 4, 24, 64
 PROMPT = "The quick brown fox"
 
 
-def hf_greedy(model, prompt: list[int], eos_ids: list[int]) -> list[int]:
-    """transformers' greedy generate of `model`; the new tokens, without a final EOS."""
-    out = model.generate(
-        torch.tensor([prompt]),
-        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-        max_new_tokens=MAX_NEW,
-        do_sample=False,
-        eos_token_id=eos_ids,
-        pad_token_id=eos_ids[0],
-    )[0, len(prompt) :].tolist()
-    return out[:-1] if out and out[-1] in eos_ids else out
-
-
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """(target_dir, draft_dir, prompt ids, the reference tokens, the EOS ids)."""
@@ -50,7 +42,7 @@ def pair(tmp_path_factory):
     draft = perturbed(target, 0.08, seed=12)
     prompt = tok.encode(PROMPT).ids
     eos = tok.token_to_id("</s>")
-    free_run = hf_greedy(target, prompt, [eos])
+    free_run = hf_greedy(target, prompt, [eos], MAX_NEW)
     # an EOS the target actually reaches: the first token, 8 or more in, not seen before it
     stop = next(
         (t for i, t in enumerate(free_run) if i >= 8 and t not in free_run[:i] and t != eos),
@@ -58,7 +50,7 @@ def pair(tmp_path_factory):
     )
     assert stop is not None, "the tiny target repeats itself too early for this test"
     eos_ids = [eos, stop]
-    reference = hf_greedy(target, prompt, eos_ids)
+    reference = hf_greedy(target, prompt, eos_ids, MAX_NEW)
     assert reference == free_run[: free_run.index(stop)]
     target_dir = save_hf_dir(root / "target", target, tok, generation_eos=eos_ids)
     draft_dir = save_hf_dir(root / "draft", draft, tok, generation_eos=eos_ids)

@@ -6,6 +6,7 @@ tensors (the GPU models run the same code on cuda).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -182,6 +183,18 @@ def test_draft_adapter_converts_dtypes_and_returns_the_stage_outputs(
         adapter({k: v for k, v in tensors.items() if k != "reusable"})
 
 
+def test_stage_adapter_takes_dtype_and_vocab_limit(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """dtype reaches the weights and the KV cache; vocab_limit masks the rows past it."""
+    params = dataclasses.replace(stage_params(pair[1]), dtype="bfloat16", vocab_limit=200)
+    adapter = DraftAdapter(params, tmp_path)
+    assert adapter.stage.model.embed.weight.dtype == torch.bfloat16
+    assert adapter.stage.cache.k.dtype == torch.bfloat16
+    drafted = adapter(first_step())
+    assert drafted["draft_tokens"].max() < 200
+    assert torch.all(drafted["draft_probs"][..., 200:] == 0)
+    assert DraftAdapter(stage_params(pair[1]), tmp_path).stage.vocab_limit is None
+
+
 def test_stage_adapter_rejects_unknown_stage(pair: tuple[Path, Path], tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="stage must be one of"):
         stage_adapter("drafter", StageParams(model_dir=str(pair[1])), tmp_path)
@@ -218,3 +231,49 @@ def test_verifier_adapter_reports_no_budget_fraction_without_drafts(tmp_path: Pa
     assert outputs["num_verify"].tolist() == [0, 0]
     assert (stats.drafted, stats.verified, stats.trimmed) == (0, 0, 0)
     assert stats.budget_fraction is None and not stats.refitted
+
+
+def saved_snapshot(tmp_path: Path, pair_id: str | None) -> tuple[EstimatorConfig, Path]:
+    """A snapshot of an estimator with slope 0.7, saved with `pair_id` (None: no pair)."""
+    config = EstimatorConfig(num_positions=K)
+    snapshot = tmp_path / "snap.json"
+    estimator = load_estimator(config, None, "cpu")
+    estimator.slope.fill_(0.7)
+    if pair_id is None:
+        save_snapshot(estimator, snapshot)
+    else:
+        save_snapshot(estimator, snapshot, pair_id=pair_id)
+    return config, snapshot
+
+
+def test_snapshot_of_another_pair_is_ignored_and_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config, snapshot = saved_snapshot(tmp_path, pair_id="pair-a")
+    before = snapshot.read_text()
+    with caplog.at_level(logging.INFO):
+        assert float(load_estimator(config, snapshot, "cpu", "pair-b").slope) == 0.5
+    lines = [r.getMessage() for r in caplog.records if "snap.json" in r.getMessage()]
+    assert len(lines) == 1 and "pair-a" in lines[0] and "pair-b" in lines[0]
+    assert snapshot.read_text() == before
+    assert not [p for p in tmp_path.iterdir() if ".invalid-" in p.name]
+    restored = load_estimator(config, snapshot, "cpu", "pair-a")
+    assert float(restored.slope) == pytest.approx(0.7)
+
+
+def test_snapshot_without_pair_is_accepted_with_a_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config, snapshot = saved_snapshot(tmp_path, pair_id=None)
+    with caplog.at_level(logging.INFO):
+        assert float(load_estimator(config, snapshot, "cpu", "pair-b").slope) == pytest.approx(0.7)
+    assert "records no pair" in caplog.text and "pair-b" in caplog.text
+
+
+def test_verifier_adapter_records_its_pair(tmp_path: Path) -> None:
+    config = EstimatorConfig(num_positions=K, refit_interval=1)
+    params = VerifierParams(snapshot_path="snap.json", pair_id="pair-a")
+    adapter = VerifierAdapter(config, params, tmp_path)
+    _, stats = adapter(verifier_step())
+    assert stats.refitted
+    assert json.loads((tmp_path / "snap.json").read_text())["pair"] == "pair-a"

@@ -1,0 +1,226 @@
+"""The launcher's look at the draft/target pair before tritonserver starts (`make serve`).
+
+`prepare_pair` reads both models' configs (a Hugging Face checkpoint or the project's own
+format) and tokenizers, runs the pair check (`avspec.runtime.pair.check_pair`) and works out
+the parameter overrides the served repository copy gets: the two `model_dir`s, `vocab_limit`
+(the pair's real token count, so padded embedding rows are masked), the stages' `max_length`
+and the entry's `max_context` capped at the models' `max_position_embeddings`, and the
+verifier's `pair_id` (`pair_identity`, recorded in the warm-start snapshot). No weight is read:
+a pair that cannot be served fails here, with the pair check's one message, before any model
+loads. `PreparedPair.lines` are what the launcher prints, one per model and one per cap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from avspec.runtime.hf_checkpoint import read_hf_config
+from avspec.runtime.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
+from avspec.runtime.model_dir import CONFIG_FILE, is_hf_dir, load_tokenizer, read_config
+from avspec.runtime.pair import PairError, PairInfo, check_pair
+from avspec.runtime.tokenizer import ByteTokenizer, Tokenizer
+from avspec.runtime.transformer import Transformer, TransformerConfig
+from avspec.serving.repository import (
+    EntryParams,
+    StageParams,
+    parse_parameters,
+    read_config_parameters,
+    resolve_path,
+)
+
+STAGES = ("draft", "target")
+ENTRY = "speculative"
+VERIFIER = "verifier"
+# Files whose bytes make a model directory's identity for the warm start (when present).
+IDENTITY_FILES = (CONFIG_FILE, TOKENIZER_FILE)
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """One model of the pair as the launcher reports it (read from its config, no weights)."""
+
+    role: str
+    directory: Path
+    architecture: str
+    dtype: str
+    num_parameters: int
+    max_position_embeddings: int
+    kv_bytes_per_token: int
+    max_sequences: int
+    max_length: int
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """The KV cache this stage reserves: max_sequences x max_length x kv_bytes_per_token."""
+        return self.max_sequences * self.max_length * self.kv_bytes_per_token
+
+    def line(self) -> str:
+        return (
+            f"avspec: {self.role} {self.directory}: {self.architecture}, {self.dtype}, "
+            f"{self.num_parameters:,} parameters, KV cache {_mib(self.kv_cache_bytes)} "
+            f"({self.max_sequences} sequences x {self.max_length} tokens x "
+            f"{self.kv_bytes_per_token} bytes)"
+        )
+
+
+@dataclass(frozen=True)
+class PreparedPair:
+    """A checked pair, its summaries and the overrides {model: {parameter: value}}."""
+
+    draft: ModelSummary
+    target: ModelSummary
+    info: PairInfo
+    identity: str
+    overrides: dict[str, dict[str, str]]
+    caps: list[str] = field(default_factory=list)
+
+    @property
+    def lines(self) -> list[str]:
+        return [self.draft.line(), self.target.line(), *self.caps]
+
+
+def pair_identity(draft_dir: Path | str, target_dir: Path | str) -> str:
+    """A short identity of the pair: sha256 over the draft's then the target's config.json and
+    tokenizer.json contents (a missing file counts as empty), first 16 hex digits."""
+    digest = hashlib.sha256()
+    for directory in (Path(draft_dir), Path(target_dir)):
+        for name in IDENTITY_FILES:
+            path = directory / name
+            data = path.read_bytes() if path.is_file() else b""
+            digest.update(f"{name}:{len(data)}:".encode())
+            digest.update(data)
+    return digest.hexdigest()[:16]
+
+
+def prepare_pair(
+    repository: Path | str,
+    draft_dir: Path | str | None = None,
+    target_dir: Path | str | None = None,
+) -> PreparedPair:
+    """Check the pair the repository would serve, with `draft_dir` / `target_dir` overriding
+    the stages' `model_dir` (relative paths against the repository's project root).
+
+    Raises PairError (the pair check's message, naming both directories) for a pair that
+    cannot be served, and ValueError for an unreadable config or parameter.
+    """
+    repository = Path(repository).resolve()
+    root = repository.parent
+    params = {m: _parameters(repository, m) for m in (*STAGES, ENTRY)}
+    chosen = {"draft": draft_dir, "target": target_dir}
+    stages: dict[str, StageParams] = {}
+    for role in STAGES:
+        values = dict(params[role])
+        if chosen[role] is not None:
+            values["model_dir"] = str(chosen[role])
+        stages[role] = parse_parameters(StageParams, values)
+    dirs = {role: resolve_path(root, stages[role].model_dir).resolve() for role in STAGES}
+    configs = {role: _read_config(dirs[role]) for role in STAGES}
+    tokenizers = {role: load_tokenizer(dirs[role]) for role in STAGES}
+    info = _check(dirs, tokenizers, configs)
+
+    ceiling = min(max_positions for _, _, max_positions in configs.values())
+    entry = parse_parameters(EntryParams, params[ENTRY])
+    caps = []
+    if entry.max_context > ceiling:
+        caps.append(
+            f"avspec: max_context {entry.max_context} capped at {ceiling} "
+            f"(max_position_embeddings)"
+        )
+    overrides: dict[str, dict[str, str]] = {
+        ENTRY: {"max_context": str(min(entry.max_context, ceiling))}
+    }
+    summaries = {}
+    for role in STAGES:
+        stage = stages[role]
+        max_length = min(stage.max_length, ceiling)
+        if stage.max_length > ceiling:
+            caps.append(
+                f"avspec: {role} max_length {stage.max_length} capped at {ceiling} "
+                f"(max_position_embeddings)"
+            )
+        architecture, config, max_positions = configs[role]
+        summaries[role] = _summary(
+            role, dirs[role], architecture, config, max_positions, stage, max_length
+        )
+        overrides[role] = {
+            "model_dir": str(dirs[role]),
+            "max_length": str(max_length),
+            "vocab_limit": str(info.num_tokens),
+        }
+    identity = pair_identity(dirs["draft"], dirs["target"])
+    if "pair_id" in _parameters(repository, VERIFIER):
+        overrides[VERIFIER] = {"pair_id": identity}
+    return PreparedPair(summaries["draft"], summaries["target"], info, identity, overrides, caps)
+
+
+def _parameters(repository: Path, model: str) -> dict[str, str]:
+    config = repository / model / "config.pbtxt"
+    if not config.is_file():
+        raise ValueError(f"{repository} has no {model}/config.pbtxt: cannot check the pair")
+    return read_config_parameters(config.read_text())
+
+
+def _read_config(directory: Path) -> tuple[str, TransformerConfig, int]:
+    """(architecture, model config, max_position_embeddings) of either kind of directory."""
+    if is_hf_dir(directory):
+        spec = read_hf_config(directory)
+        return spec.architecture, spec.config, spec.max_position_embeddings
+    config = read_config(directory)
+    return "avspec-transformer", config, config.max_length
+
+
+def _check(
+    dirs: dict[str, Path],
+    tokenizers: dict[str, Tokenizer],
+    configs: dict[str, tuple[str, TransformerConfig, int]],
+) -> PairInfo:
+    draft, target = tokenizers["draft"], tokenizers["target"]
+    rows = {role: configs[role][1].vocab_size for role in STAGES}
+    if isinstance(draft, HFTokenizer) and isinstance(target, HFTokenizer):
+        return check_pair(
+            dirs["draft"], dirs["target"], draft, target, rows["draft"], rows["target"]
+        )
+    if isinstance(draft, ByteTokenizer) and isinstance(target, ByteTokenizer):
+        return PairInfo(
+            num_tokens=ByteTokenizer.vocab_size,
+            eos_ids=target.eos_ids,
+            draft_vocab_rows=rows["draft"],
+            target_vocab_rows=rows["target"],
+        )
+    raise PairError(
+        f"draft {dirs['draft']} and target {dirs['target']} do not share a vocabulary: "
+        f"one uses {TOKENIZER_FILE}, the other the byte tokenizer"
+    )
+
+
+def _summary(
+    role: str,
+    directory: Path,
+    architecture: str,
+    config: TransformerConfig,
+    max_positions: int,
+    stage: StageParams,
+    max_length: int,
+) -> ModelSummary:
+    with torch.device("meta"):  # shapes only: nothing allocated or initialised
+        num_parameters = Transformer(config).num_parameters()
+    dtype = getattr(torch, stage.dtype)
+    return ModelSummary(
+        role=role,
+        directory=directory,
+        architecture=architecture,
+        dtype=stage.dtype,
+        num_parameters=num_parameters,
+        max_position_embeddings=max_positions,
+        kv_bytes_per_token=config.kv_values_per_token * dtype.itemsize,
+        max_sequences=stage.max_sequences,
+        max_length=max_length,
+    )
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"

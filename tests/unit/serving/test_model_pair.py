@@ -1,0 +1,143 @@
+"""The launcher's pair check before tritonserver starts (avspec.serving.model_pair), no server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from helpers import ROOT  # noqa: E402
+from helpers.hf_dirs import (  # noqa: E402
+    TINY_LLAMA,
+    perturbed,
+    save_hf_dir,
+    tiny_llama,
+    tiny_tokenizer,
+)
+
+from avspec.runtime.pair import PairError  # noqa: E402
+from avspec.serving import launcher  # noqa: E402
+from avspec.serving.model_pair import pair_identity, prepare_pair  # noqa: E402
+from avspec.serving.repository import StageParams, read_config_parameters  # noqa: E402
+
+REPOSITORY = ROOT / "model_repository"
+MAX_POSITIONS = TINY_LLAMA["max_position_embeddings"]
+
+
+def save_pair(root: Path) -> tuple[Path, Path]:
+    """A tiny HF Llama target and a perturbed draft sharing one tokenizer: (draft, target)."""
+    tok = tiny_tokenizer()
+    target = tiny_llama(tok.get_vocab_size() + 8, seed=3)  # padded embedding rows
+    draft = perturbed(target, 0.05, seed=4)
+    return save_hf_dir(root / "draft", draft, tok), save_hf_dir(root / "target", target, tok)
+
+
+def change_one_token(directory: Path) -> Path:
+    """Rename the byte token of 0x00 (unused by the corpus, so in no merge) in tokenizer.json."""
+    path = directory / "tokenizer.json"
+    data = json.loads(path.read_text())
+    vocab = data["model"]["vocab"]
+    vocab["<renamed>"] = vocab.pop("\u0100")
+    path.write_text(json.dumps(data))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return save_pair(tmp_path_factory.mktemp("hf_pair"))
+
+
+def test_prepare_pair_describes_caps_and_overrides(pair: tuple[Path, Path]) -> None:
+    draft, target = pair
+    prepared = prepare_pair(REPOSITORY, draft, target)
+    tokens = tiny_tokenizer().get_vocab_size()
+    assert prepared.info.num_tokens == tokens and prepared.info.padded
+    for role, directory, summary in (
+        ("draft", draft, prepared.draft),
+        ("target", target, prepared.target),
+    ):
+        assert prepared.overrides[role] == {
+            "model_dir": str(directory.resolve()),
+            "max_length": str(MAX_POSITIONS),
+            "vocab_limit": str(tokens),
+        }
+        hf = tiny_llama(tokens + 8, seed=3)
+        assert summary.num_parameters == sum(p.numel() for p in hf.parameters())
+        kv = 2 * TINY_LLAMA["num_hidden_layers"] * TINY_LLAMA["num_key_value_heads"] * 16 * 4
+        assert summary.kv_bytes_per_token == kv
+        assert summary.kv_cache_bytes == summary.max_sequences * MAX_POSITIONS * kv
+        line = summary.line()
+        assert line.startswith(f"avspec: {role} {directory.resolve()}: LlamaForCausalLM, float32,")
+        assert f"{summary.num_parameters:,} parameters" in line and "KV cache" in line
+    assert prepared.overrides["speculative"] == {"max_context": str(MAX_POSITIONS)}
+    assert prepared.overrides["verifier"] == {"pair_id": pair_identity(draft, target)}
+    caps = [line for line in prepared.lines if "capped" in line]
+    assert len(caps) == 3 and all(f"capped at {MAX_POSITIONS}" in c for c in caps)
+
+
+def test_default_pair_is_not_capped() -> None:
+    prepared = prepare_pair(REPOSITORY)
+    assert len(prepared.lines) == 2
+    assert prepared.overrides["draft"]["vocab_limit"] == "257"
+
+
+def test_pair_identity_follows_config_and_tokenizer(tmp_path: Path, pair) -> None:
+    draft, target = pair
+    assert pair_identity(draft, target) == pair_identity(draft, target)
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        (other / name).write_bytes((target / name).read_bytes())
+    assert pair_identity(draft, other) == pair_identity(draft, target)
+    (other / "tokenizer.json").write_text((target / "tokenizer.json").read_text() + " ")
+    assert pair_identity(draft, other) != pair_identity(draft, target)
+
+
+def test_mismatched_pair_fails_before_any_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    draft, target = save_pair(tmp_path)
+    change_one_token(draft)
+    with pytest.raises(PairError, match="do not share a vocabulary: token id"):
+        prepare_pair(REPOSITORY, draft, target)
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("tritonserver must not start for a bad pair")
+
+    monkeypatch.setattr(launcher, "ServerProcess", no_server)
+    argv = ["--model-repository", str(REPOSITORY), "--draft-model", str(draft)]
+    code = launcher.main([*argv, "--target-model", str(target)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1
+    assert f"draft {draft.resolve()} and target {target.resolve()}" in err[0]
+    assert "token id" in err[0]
+
+
+def test_launcher_serves_a_rewritten_copy(
+    pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    draft, target = pair
+    copy = launcher.prepare_repository(REPOSITORY, draft, target, tmp_path)
+    out = capsys.readouterr().out
+    assert "LlamaForCausalLM" in out and "capped" in out
+    params = read_config_parameters((copy / "target" / "config.pbtxt").read_text())
+    assert params["model_dir"] == str(target.resolve())
+    assert params["max_length"] == str(MAX_POSITIONS)
+    assert params["dtype"] == "float32"
+    entry = read_config_parameters((copy / "speculative" / "config.pbtxt").read_text())
+    assert entry["max_context"] == str(MAX_POSITIONS)
+    assert REPOSITORY.joinpath("target", "config.pbtxt").read_text().count(str(target)) == 0
+
+
+def test_stage_dtype_by_device() -> None:
+    assert StageParams(model_dir="x", dtype="bfloat16").dtype == "bfloat16"
+    assert StageParams(model_dir="x", device="cuda", dtype="float16").dtype == "float16"
+    with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16 on cpu"):
+        StageParams(model_dir="x", dtype="float16")
+    with pytest.raises(ValueError, match="vocab_limit"):
+        StageParams(model_dir="x", vocab_limit=-1)
+    assert getattr(torch, StageParams(model_dir="x").dtype) is torch.float32
