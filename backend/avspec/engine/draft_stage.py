@@ -17,8 +17,10 @@ run on a GPU).
 Each draft is sampled from the warped draft distribution q (avspec.engine.sampling, same warp as the
 target) with the sequence's own generator; the feature is logit(q_max) of the temperature-scaled
 logits (avspec.av.features). Positions >= a row's `num_drafted` are padding: token 0, q = 0,
-feature 0. `pass_ms` times each pass on the host clock (the cost refresh reads it; on CUDA it is
-launch time unless the caller synchronises).
+feature 0. `draft_probs` is `vocab_width` wide (the stage's `vocab_limit` when set): q over the
+real tokens only, the padded rows (q = 0 after masking) dropped. `pass_ms` times each pass on
+the host clock (the cost refresh reads it; on CUDA it is launch time unless the caller
+synchronises).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class DraftOutput:
     """Drafts of one step. Positions past a row's num_drafted are padding."""
 
     draft_tokens: torch.Tensor  # [batch, K] int32
-    draft_probs: torch.Tensor  # [batch, K, vocab] float32, the warped q each draft came from
+    draft_probs: torch.Tensor  # [batch, K, vocab_width] float32, the warped q of each draft
     draft_features: torch.Tensor  # [batch, K] float32, logit(q_max) per position
     num_drafted: torch.Tensor  # [batch] int32, <= num_draft_tokens
     pass_ms: torch.Tensor  # [K] float32 (CPU), host ms of each pass; 0 = not run
@@ -57,7 +59,7 @@ class DraftStage(ModelStage):
         step = read_step_inputs(inputs, self.max_draft_tokens)
         plan = DraftPlan.from_tensor(inputs.draft_plan, self.max_draft_tokens)
         offsets = self.slots.prepare(step)
-        batch, k, vocab = inputs.batch_size, self.max_draft_tokens, self.model.config.vocab_size
+        batch, k, vocab = inputs.batch_size, self.max_draft_tokens, self.vocab_width
         out = DraftOutput(
             torch.zeros(batch, k, dtype=torch.int32, device=self.device),
             torch.zeros(batch, k, vocab, dtype=torch.float32, device=self.device),
@@ -134,7 +136,7 @@ class DraftStage(ModelStage):
         else:
             out.num_drafted[draw.index] += 1
         out.draft_tokens[draw.index, position] = tokens
-        out.draft_probs[draw.index, position] = q
+        out.draft_probs[draw.index, position] = q[:, : self.vocab_width]  # padded rows: q = 0
         out.draft_features[draw.index, position] = features
         return features
 

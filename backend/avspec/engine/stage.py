@@ -12,7 +12,10 @@ a separate stream. A sequence's draws never depend on which other sequences shar
 `ModelStage` is the state both stage classes build the same way (model, K, slots, and the
 optional `vocab_limit`: a model whose embedding has rows past its tokenizer's tokens, e.g.
 Qwen's padded vocabularies, gets the logits of those ids set to -inf before warping, so they
-are never drafted or sampled; `avspec.runtime.pair.PairInfo.num_tokens` gives the limit).
+are never drafted or sampled; `avspec.runtime.pair.PairInfo.num_tokens` gives the limit). With a
+limit, the vocabulary dimension of the step contract (`draft_probs`, the p the target verifies
+against) is `vocab_limit` wide, not the model's row count, so a draft and a target with different
+numbers of padded rows still pair; `vocab_width` is that width.
 """
 
 from __future__ import annotations
@@ -146,6 +149,11 @@ class ModelStage:
     @property
     def cache(self) -> KVCache:
         return self.slots.cache
+
+    @property
+    def vocab_width(self) -> int:
+        """The contract's vocabulary dimension: `vocab_limit`, else the model's rows."""
+        return self.vocab_limit or self.model.config.vocab_size
 
     def mask_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Set logits [..., vocab] at ids >= vocab_limit to -inf (in place); return them."""

@@ -4,7 +4,8 @@ One `forward_cached` call runs, per sequence, its pending inputs followed by its
 `num_verify` drafts (a ragged batch). The target distribution at draft position j comes from the
 logits one token earlier: position 0 from the last pending input, position j from draft j - 1;
 position num_verify gives the bonus token. Both are warped like the draft's
-(avspec.engine.sampling) and handed to avspec.engine.rejection. Afterwards the target cache is
+(avspec.engine.sampling), p sliced to the stage's `vocab_width` (its `vocab_limit` when set, the
+width of the draft's q) and handed to avspec.engine.rejection. Afterwards the target cache is
 rolled back to `start + input_length + num_accepted`: the accepted drafts stay cached (their keys
 are exact), rejected drafts go, and the correction/bonus token is not cached (the next step brings
 it back as an input). `target_ms` is the stage's host wall time (the cost refresh reads it; the
@@ -51,14 +52,15 @@ class TargetStage(ModelStage):
     ) -> StepOutputs:
         """Verify and sample one step.
 
-        draft_tokens: [batch, K] int, draft_probs: [batch, K, vocab] (the warped q),
+        draft_tokens: [batch, K] int, draft_probs: [batch, K, vocab_width] (the warped q;
+        `vocab_limit` wide when set, else the target's rows),
         num_verify: [batch] int, admitted prefix per row (<= num_draft_tokens).
 
         Host reads, once per step and by design: num_verify (to pack the ragged batch) and
         num_accepted (to roll the cache back); the verifier itself never syncs.
         """
         started = time.perf_counter()
-        k, vocab = self.max_draft_tokens, self.model.config.vocab_size
+        k, vocab = self.max_draft_tokens, self.vocab_width
         step = read_step_inputs(inputs, k)
         verify = check_verify_inputs(step, k, vocab, draft_tokens, draft_probs, num_verify)
         offsets = self.slots.prepare(step)
@@ -81,14 +83,18 @@ class TargetStage(ModelStage):
     def _target_probs(
         self, inputs: StepInputs, step: HostStep, packed: VerifyBatch
     ) -> torch.Tensor:
-        """Run the packed batch through the target; return the warped p [batch, K + 1, vocab]."""
+        """Run the packed batch through the target; return the warped p [batch, K + 1, width].
+
+        width = `vocab_width`: the padded rows past `vocab_limit` (p = 0 after masking) are dropped.
+        """
         logits = self.model.forward_cached(self.cache, step.seq_ids, packed.tokens, packed.lengths)
-        return warp_probs(
+        probs = warp_probs(
             self.mask_vocab(logits[packed.gather]),  # [batch, K + 1, vocab]
             inputs.temperature.to(self.device, torch.float32),
             inputs.top_p.to(self.device, torch.float32),
             check_values=self.check_values,
         )
+        return probs[..., : self.vocab_width]
 
     def _reject(
         self,
