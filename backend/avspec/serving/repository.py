@@ -276,8 +276,11 @@ def build_test_repository(
     if unknown:
         raise ValueError(f"no such model(s) in {source}: {', '.join(unknown)}")
     shutil.copytree(source, destination, ignore=shutil.ignore_patterns("__pycache__"))
-    for config in destination.glob("*/config.pbtxt"):
-        model_overrides = {k: str(v) for k, v in overrides.get(config.parent.name, {}).items()}
+    # configs/<name>.pbtxt (the GPU variants, `--model-config-name`) get the same overrides
+    configs = [*destination.glob("*/config.pbtxt"), *destination.glob("*/configs/*.pbtxt")]
+    for config in configs:
+        model = config.parent.name if config.name == "config.pbtxt" else config.parent.parent.name
+        model_overrides = {k: str(v) for k, v in overrides.get(model, {}).items()}
         config.write_text(
             rewrite_config_parameters(config.read_text(), model_overrides, source.parent)
         )

@@ -177,6 +177,14 @@ def export_checkpoint(
     return out_dir
 
 
+def build_command_of(args: argparse.Namespace) -> list[str]:
+    """`build_command` from a parsed command line (out, build, sizes, dtype)."""
+    return build_command(
+        args.out, args.build, args.max_batch_size, args.max_seq_len, args.max_draft_len,
+        args.dtype,
+    )  # fmt: skip
+
+
 def build_command(
     checkpoint_dir: Path | str,
     engine_dir: Path | str,
@@ -237,14 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         command = None
         if args.build:
-            command = build_command(
-                args.out,
-                args.build,
-                args.max_batch_size,
-                args.max_seq_len,
-                args.max_draft_len,
-                args.dtype,
-            )
+            command = build_command_of(args)
         out = export_checkpoint(args.model_dir, args.out, args.dtype, args.force)
         print(f"wrote {out}/{CONFIG_FILE} and {out}/{WEIGHTS} ({args.dtype})")
         if command:

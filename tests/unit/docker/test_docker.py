@@ -17,6 +17,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -230,19 +231,26 @@ def _stop(process: subprocess.Popen, out: Path) -> None:
     assert "stopped on SIGTERM" in out.read_text()
 
 
-def test_entry_script_builds_the_engine_once_then_serves_behind_the_front(tmp_path: Path) -> None:
-    """docker/serve_gpu.sh on the CPU, with stand-ins for the two GPU programs: the real export
-    runs, `trtllm-build` gets the deployment's flags and sizes from the values file, the filled
-    repository has no placeholder left, a second start reuses the engine, and both starts run
-    the stand-in tritonserver through the launcher: loopback only, restricted APIs, both
-    repositories with the gpu configs, the script's load list, public ports held by the front."""
+@dataclass
+class Container:
+    """The stand-in container of the entry-script tests: programs on PATH, values, ports, env."""
+
+    log: Path
+    engine: Path
+    ports: dict[str, int]
+    env: dict[str, str]
+
+
+def stand_in_container(tmp_path: Path, max_seq_len: str, **env: str) -> Container:
+    """Stand-ins for python3 (the venv's), `trtllm-build` (records its arguments, writes an
+    engine file where --output_dir points) and tritonserver; a values file; a project root of
+    symlinks; free public ports; the entry script's environment (plus `env`)."""
     bin_dir, log = tmp_path / "triton" / "bin", tmp_path / "calls.log"
     bin_dir.mkdir(parents=True)
     (tmp_path / "triton" / "backends").mkdir()  # the layout serve_gpu.sh derives it from
     (tmp_path / "fake_tritonserver.py").write_text(_FAKE_TRITONSERVER)
     stand_ins = {
         "python3": f'exec "{sys.executable}" "$@"\n',  # the venv's: torch, safetensors
-        # records its arguments and writes an engine file where --output_dir points
         "trtllm-build": 'echo "trtllm-build $*" >> "$LOG"\n'
         'while [ "$1" != "--output_dir" ]; do shift; done\n'
         'mkdir -p "$2" && touch "$2/rank0.engine"\n',
@@ -253,20 +261,32 @@ def test_entry_script_builds_the_engine_once_then_serves_behind_the_front(tmp_pa
         (bin_dir / name).chmod(0o755)
     engine = tmp_path / "engines" / "target"
     values = json.loads((DOCKER / "gpu_values.example.json").read_text())
-    values |= {"engine_dir": str(engine), "triton_max_batch_size": "16", "max_seq_len": "256"}
+    values |= {"engine_dir": str(engine), "triton_max_batch_size": "16", "max_seq_len": max_seq_len}
     (tmp_path / "values.json").write_text(json.dumps(values))
     ports = {name: free_port() for name in ("HTTP", "GRPC", "METRICS")}
-    env = {
+    environment = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "LOG": str(log),
         "AVSPEC_ROOT": str(tmp_path / "root"),
         "AVSPEC_GPU_VALUES": str(tmp_path / "values.json"),
         "PYTHONPATH": str(ROOT / "backend"),
         **{f"AVSPEC_{name}_PORT": str(port) for name, port in ports.items()},
+        **env,
     }
     (tmp_path / "root").mkdir()
     for name in ("models", "client", "model_repository", "model_repository_gpu"):
         (tmp_path / "root" / name).symlink_to(ROOT / name)
+    return Container(log, engine, ports, environment)
+
+
+def test_entry_script_builds_the_engine_once_then_serves_behind_the_front(tmp_path: Path) -> None:
+    """docker/serve_gpu.sh on the CPU, with stand-ins for the two GPU programs: the real export
+    runs, `trtllm-build` gets the deployment's flags and sizes from the values file, the filled
+    repository has no placeholder left, a second start reuses the engine, and both starts run
+    the stand-in tritonserver through the launcher: loopback only, restricted APIs, both
+    repositories with the gpu configs, the script's load list, public ports held by the front."""
+    box = stand_in_container(tmp_path, max_seq_len="256")
+    log, engine, ports, env = box.log, box.engine, box.ports, box.env
     admin_key = "container-admin-key-0123456789"
     (tmp_path / "admin.key").write_text(admin_key + "\n")
     front = f"http://127.0.0.1:{ports['HTTP']}"
@@ -295,7 +315,8 @@ def test_entry_script_builds_the_engine_once_then_serves_behind_the_front(tmp_pa
 
     calls = log.read_text().splitlines()
     builds = [c for c in calls if c.startswith("trtllm-build")]
-    assert len(builds) == 1 and len(calls) == 3, calls
+    assert len(builds) == 1 and len(calls) == 3, calls  # own format: no stock converter call
+    assert "wrote " in out[0].read_text()  # the custom exporter's line
     build = builds[0].split()
     assert build[build.index("--max_batch_size") + 1] == "16"
     assert build[build.index("--max_seq_len") + 1] == "256"
@@ -354,3 +375,78 @@ def test_trtllm_extra_is_pinned_optional_and_matches_the_image() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert "-e '.[dev]'" in makefile and "trtllm]" not in makefile
     assert f"TensorRT-LLM {version}" in (DOCKER / "Dockerfile").read_text()
+
+
+# TensorRT-LLM's stock converter, as a stand-in: records its arguments, writes a config.json.
+_FAKE_CONVERT = """
+import json, os, sys
+with open(os.environ["LOG"], "a") as log:
+    log.write("convert " + json.dumps([sys.argv[0], *sys.argv[1:]]) + "\\n")
+out = sys.argv[sys.argv.index("--output_dir") + 1]
+os.makedirs(out, exist_ok=True)
+with open(os.path.join(out, "config.json"), "w") as f:
+    json.dump({"architecture": "LlamaForCausalLM"}, f)
+"""
+
+
+def test_entry_script_converts_a_hugging_face_target_with_the_stock_converter(
+    tmp_path: Path,
+) -> None:
+    """An HF pair (AVSPEC_DRAFT_MODEL / AVSPEC_TARGET_MODEL): the first start runs TensorRT-LLM's
+    llama converter from TRTLLM_EXAMPLES (not the custom exporter) with the target, the checkpoint
+    directory and float16, then `trtllm-build` with the draft-token settings; the engine's
+    vocab_size comes from the target's config.json; the launcher serves the pair (its draft in
+    the gpu config)."""
+    from helpers.hf_dirs import save_hf_dir, tiny_llama, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    vocab = tok.get_vocab_size()
+    draft = save_hf_dir(tmp_path / "draft-hf", tiny_llama(vocab, seed=1), tok)
+    target = save_hf_dir(tmp_path / "target-hf", tiny_llama(vocab + 8, seed=2), tok)
+
+    examples = tmp_path / "trtllm_examples"
+    for family in ("llama", "qwen"):
+        (examples / family).mkdir(parents=True)
+        (examples / family / "convert_checkpoint.py").write_text(_FAKE_CONVERT)
+    checkpoint = tmp_path / "ckpt"
+    box = stand_in_container(
+        tmp_path, max_seq_len="128", AVSPEC_TARGET_MODEL=str(target),
+        AVSPEC_DRAFT_MODEL=str(draft), AVSPEC_CHECKPOINT_DIR=str(checkpoint),
+        TRTLLM_EXAMPLES=str(examples),
+    )  # fmt: skip
+    log, env = box.log, box.env
+
+    out = tmp_path / "first.out"
+    process = _serve_until_ready(env, out)
+    try:
+        # while it serves: the launcher's copy of model_repository holds the pair's draft in
+        # the config the GPU server loads
+        (line,) = (c for c in log.read_text().splitlines() if c.startswith("tritonserver "))
+        argv = json.loads(line.removeprefix("tritonserver "))
+        served = next(a for a in argv if a.startswith("--model-repository=")).split("=", 1)[1]
+        draft_gpu = (Path(served) / "draft" / "configs" / "gpu.pbtxt").read_text()
+        assert f'key: "model_dir" value: {{ string_value: "{draft}" }}' in draft_gpu
+        _stop(process, out)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+    calls = log.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["convert", "trtllm-build", "tritonserver"], calls
+    convert = json.loads(calls[0].removeprefix("convert "))
+    assert convert == [
+        str(examples / "llama" / "convert_checkpoint.py"),
+        "--model_dir", str(target),
+        "--output_dir", str(checkpoint),
+        "--dtype", "float16",
+    ]  # fmt: skip
+    assert "wrote " not in out.read_text()  # the custom exporter did not run
+    build = calls[1].split()
+    assert build[build.index("--checkpoint_dir") + 1] == str(checkpoint)
+    assert build[build.index("--speculative_decoding_mode") + 1] == "draft_tokens_external"
+    assert build[build.index("--max_draft_len") + 1] == "8"
+    assert build[build.index("--max_batch_size") + 1] == "16"
+    assert build[build.index("--max_seq_len") + 1] == "128"
+    filled = tmp_path / "root" / "build" / "model_repository_gpu"
+    assert f'string_value: "{vocab + 8}"' in (filled / "trtllm_target" / "config.pbtxt").read_text()

@@ -1,0 +1,104 @@
+"""Build the target engine from a Hugging Face checkpoint with TensorRT-LLM's own tools.
+
+    python3 -m avspec.trtllm.hf_engine TARGET_DIR --out CKPT_DIR --build ENGINE_DIR \
+        [--examples DIR] [--dtype float16] [--max-batch-size 64] [--max-seq-len 512]
+
+A Hugging Face target (`config.json` with "architectures" LlamaForCausalLM, Qwen2ForCausalLM or
+MistralForCausalLM) needs no custom exporter: TensorRT-LLM's stock example converter writes the
+unified checkpoint (`<examples>/llama/convert_checkpoint.py` for Llama and Mistral,
+`<examples>/qwen/convert_checkpoint.py` for Qwen2), then `trtllm-build` runs with the same
+draft-token settings as the project's own format (`avspec.trtllm.checkpoint.build_command`).
+The project's own format still goes through `avspec.trtllm.checkpoint` (its oracle test:
+tests/unit/trtllm/test_checkpoint.py). Neither path has run with TensorRT-LLM here (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from avspec.runtime.hf_checkpoint import read_hf_config
+from avspec.trtllm.checkpoint import MAX_DRAFT_LEN, ExportError, build_command_of, build_engine
+
+# Where the TensorRT-LLM examples live in the container (docker/Dockerfile puts the v0.16.0
+# examples there when the image has none); TRTLLM_EXAMPLES overrides it.
+DEFAULT_EXAMPLES = "/opt/tensorrt_llm/examples"
+CONVERTERS = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",  # TensorRT-LLM converts Mistral with the llama example
+    "Qwen2ForCausalLM": "qwen",
+}
+CONVERT_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def examples_dir() -> Path:
+    return Path(os.environ.get("TRTLLM_EXAMPLES") or DEFAULT_EXAMPLES)
+
+
+def convert_command(
+    architecture: str,
+    model_dir: Path | str,
+    checkpoint_dir: Path | str,
+    examples: Path | str,
+    dtype: str = "float16",
+) -> list[str]:
+    """The stock converter's command line for `architecture`."""
+    if architecture not in CONVERTERS:
+        raise ExportError(f"no TensorRT-LLM converter for {architecture!r}: {sorted(CONVERTERS)}")
+    if dtype not in CONVERT_DTYPES:
+        raise ExportError(f"dtype must be one of {CONVERT_DTYPES}, got {dtype!r}")
+    script = Path(examples) / CONVERTERS[architecture] / "convert_checkpoint.py"
+    return [
+        "python3", str(script),
+        "--model_dir", str(model_dir),
+        "--output_dir", str(checkpoint_dir),
+        "--dtype", dtype,
+    ]  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_dir", help="Hugging Face checkpoint directory (the target)")
+    parser.add_argument("--out", required=True, help="TensorRT-LLM checkpoint directory")
+    parser.add_argument("--build", required=True, metavar="ENGINE_DIR", help="engine directory")
+    parser.add_argument("--examples", type=Path, default=None, help="TensorRT-LLM examples dir")
+    parser.add_argument("--dtype", default="float16", help=f"one of {CONVERT_DTYPES}")
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--max-seq-len", type=int, default=512)
+    parser.add_argument("--max-draft-len", type=int, default=MAX_DRAFT_LEN)
+    args = parser.parse_args(argv)
+    try:
+        config = read_hf_config(args.model_dir)  # fails early, naming the field, before a build
+        if args.max_seq_len > config.max_position_embeddings:
+            raise ExportError(
+                f"max_seq_len {args.max_seq_len} exceeds the target's max_position_embeddings "
+                f"{config.max_position_embeddings}"
+            )
+        convert = convert_command(
+            config.architecture, args.model_dir, args.out, args.examples or examples_dir(),
+            args.dtype,
+        )  # fmt: skip
+        build = build_command_of(args)
+        if not Path(convert[1]).is_file():
+            raise ExportError(
+                f"{convert[1]} not found: set TRTLLM_EXAMPLES to the TensorRT-LLM examples of the "
+                "installed version"
+            )
+        print("running:", " ".join(convert), flush=True)
+        if subprocess.run(convert, check=False).returncode:
+            raise ExportError(f"{convert[1]} failed")
+        print("running:", " ".join(build), flush=True)
+        build_engine(build)
+        print(f"engine written to {args.build}")
+    except (ExportError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
