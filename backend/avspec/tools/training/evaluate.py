@@ -1,4 +1,4 @@
-"""Evaluation of the pair: held-out bits/byte, acceptance by draft position, samples.
+"""Evaluation of the pair: held-out bits/byte, distillation KL, acceptance by position, samples.
 
 Acceptance at a draft position is the expected acceptance of speculative sampling,
 sum_v min(p(v), q(v)) (Leviathan et al. 2023), with p and q warped exactly as the serving stages
@@ -21,12 +21,18 @@ from avspec.tools.training.corpus import encode_files, heldout_prompts
 SAMPLE_PROMPTS = {"python": "def parse_args(argv):\n", "english": "The with statement is used to "}
 
 
+def eval_windows(ids: torch.Tensor, seq: int, max_windows: int) -> torch.Tensor:
+    """Evenly spaced non-overlapping windows [count, seq + 1] of ids [tokens]."""
+    count = min(max_windows, (len(ids) - 1) // seq)
+    stride = (len(ids) - 1) // count
+    return torch.stack([ids[i * stride : i * stride + seq + 1] for i in range(count)])
+
+
 @torch.no_grad()
 def bits_per_byte(model: Transformer, ids: torch.Tensor, seq: int, max_windows: int = 256) -> float:
     """Mean next-token loss in bits over evenly spaced non-overlapping windows of ids [tokens]."""
-    count = min(max_windows, (len(ids) - 1) // seq)
-    stride = (len(ids) - 1) // count
-    windows = torch.stack([ids[i * stride : i * stride + seq + 1] for i in range(count)])
+    windows = eval_windows(ids, seq, max_windows)
+    count = len(windows)
     total = 0.0
     for chunk in windows.split(32):  # (rows, seq + 1)
         logits = model(chunk[:, :-1])
@@ -34,6 +40,29 @@ def bits_per_byte(model: Transformer, ids: torch.Tensor, seq: int, max_windows: 
             logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum"
         ).item()
     return total / (count * seq) / math.log(2)
+
+
+def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(p_teacher || q_student) in nats, both at temperature 1.
+
+    Logits: [..., vocab], equal shapes; the result is a scalar (differentiable in the student).
+    """
+    student = F.log_softmax(student_logits.flatten(0, -2).float(), dim=-1)
+    teacher = F.log_softmax(teacher_logits.flatten(0, -2).float(), dim=-1)
+    return F.kl_div(student, teacher, log_target=True, reduction="batchmean")
+
+
+@torch.no_grad()
+def held_out_kl(
+    student: Transformer, teacher: Transformer, ids: torch.Tensor, seq: int, max_windows: int = 256
+) -> float:
+    """`distillation_kl` of student to teacher in nats per token over `eval_windows` of ids."""
+    total, count = 0.0, 0
+    for chunk in eval_windows(ids, seq, max_windows).split(32):  # (rows, seq + 1)
+        inputs = chunk[:, :-1]
+        total += distillation_kl(student(inputs), teacher(inputs)).item() * inputs.numel()
+        count += inputs.numel()
+    return total / count
 
 
 def warp(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:

@@ -3,6 +3,14 @@
 The default pair's shapes are TARGET_CONFIG and DRAFT_CONFIG. A run is fixed by its
 `TrainSettings` and seed (never wall time): the seed initialises the weights and seed + 1 draws
 the training windows. Every 250 steps, and at the last, the held-out bits/byte is logged.
+
+Distillation: given a `teacher` (the target), `train_model` trains on the teacher's
+distribution, the practice for speculative drafters: the loss is
+`distill_weight` x KL(p_teacher || q_model) at temperature 1 over the vocabulary (nats per
+token, `evaluate.distillation_kl`) plus (1 - `distill_weight`) x the text's cross-entropy. The
+teacher's logits are computed on the fly on the same windows, in eval mode with no gradient;
+the windows drawn are the same as without a teacher, so the two runs differ only in the loss.
+The log then also holds the training and held-out KL.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
-from avspec.tools.training.evaluate import bits_per_byte
+from avspec.tools.training.evaluate import bits_per_byte, distillation_kl, held_out_kl
 
 TARGET_CONFIG = TransformerConfig(num_layers=4, width=256, num_heads=4)
 DRAFT_CONFIG = TransformerConfig(num_layers=1, width=96, num_heads=2)
@@ -32,6 +40,11 @@ class TrainSettings:
     lr: float = 2e-3
     warmup: int = 100
     weight_decay: float = 0.1
+    distill_weight: float = 1.0  # with a teacher: the KL's share of the loss, the text's 1 - it
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.distill_weight <= 1.0:
+            raise ValueError(f"distill_weight must be in [0, 1], got {self.distill_weight}")
 
 
 def lr_at(step: int, settings: TrainSettings) -> float:
@@ -42,6 +55,34 @@ def lr_at(step: int, settings: TrainSettings) -> float:
     return settings.lr * (0.1 + 0.45 * (1.0 + math.cos(math.pi * progress)))
 
 
+def training_loss(
+    model: Transformer, window: torch.Tensor, teacher: Transformer | None, distill_weight: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss on window [batch, seq + 1] (inputs the first seq, targets the last seq) and its
+    parts for the log: `text` (cross-entropy, nats) and, with a teacher, `kl` (nats)."""
+    logits = model(window[:, :-1])  # (batch, seq, vocab)
+    text = F.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten())
+    if teacher is None:
+        return text, {"text": text.item()}
+    with torch.no_grad():
+        teacher_logits = teacher(window[:, :-1])
+    kl = distillation_kl(logits, teacher_logits)
+    loss = distill_weight * kl + (1.0 - distill_weight) * text
+    return loss, {"text": text.item(), "kl": kl.item()}
+
+
+def check_teacher(config: TransformerConfig, teacher: Transformer | None) -> None:
+    """A teacher must score the same vocabulary; it is put in eval mode without gradients."""
+    if teacher is None:
+        return
+    if teacher.config.vocab_size != config.vocab_size:
+        raise ValueError(
+            f"teacher vocab_size {teacher.config.vocab_size} != model vocab_size "
+            f"{config.vocab_size}"
+        )
+    teacher.eval().requires_grad_(False)
+
+
 def train_model(
     config: TransformerConfig,
     settings: TrainSettings,
@@ -49,8 +90,13 @@ def train_model(
     eval_ids: torch.Tensor,
     seed: int,
     label: str,
+    teacher: Transformer | None = None,
 ) -> tuple[Transformer, list[dict]]:
-    """Train from scratch on random windows of `train_ids` [tokens]; return model and log."""
+    """Train from scratch on random windows of `train_ids` [tokens]; return model and log.
+
+    With `teacher`, distil from it (see the module docstring).
+    """
+    check_teacher(config, teacher)
     init_gen = torch.Generator().manual_seed(seed)
     data_gen = torch.Generator().manual_seed(seed + 1)
     model = Transformer(config)
@@ -65,22 +111,38 @@ def train_model(
             0, len(train_ids) - settings.seq - 1, (settings.batch,), generator=data_gen
         )
         window = torch.stack([train_ids[s : s + settings.seq + 1] for s in starts.tolist()])
-        # window: (batch, seq + 1); inputs are the first seq, targets the last seq
-        logits = model(window[:, :-1])  # (batch, seq, vocab)
-        loss = F.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten())
+        loss, parts = training_loss(model, window, teacher, settings.distill_weight)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, settings)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        bar.set_postfix(bits_per_byte=f"{loss.item() / math.log(2):.3f}", refresh=False)
+        bar.set_postfix(bits_per_byte=f"{parts['text'] / math.log(2):.3f}", refresh=False)
         if (step + 1) % 250 == 0 or step + 1 == settings.steps:
-            held_out = bits_per_byte(model, eval_ids, settings.seq, max_windows=32)
-            log.append(
-                {"step": step + 1, "train_bpb": loss.item() / math.log(2), "held_out_bpb": held_out}
-            )
+            log.append(log_entry(model, step + 1, parts, eval_ids, settings.seq, teacher))
             tqdm.write(
-                f"{label} step {step + 1}: held-out {held_out:.3f} bits/byte", file=sys.stderr
+                f"{label} step {step + 1}: held-out {log[-1]['held_out_bpb']:.3f} bits/byte",
+                file=sys.stderr,
             )
     return model.eval(), log
+
+
+def log_entry(
+    model: Transformer,
+    step: int,
+    parts: dict[str, float],
+    eval_ids: torch.Tensor,
+    seq: int,
+    teacher: Transformer | None,
+) -> dict:
+    """One log line: training and held-out bits/byte, and with a teacher the KL to it (nats)."""
+    entry = {
+        "step": step,
+        "train_bpb": parts["text"] / math.log(2),
+        "held_out_bpb": bits_per_byte(model, eval_ids, seq, max_windows=32),
+    }
+    if teacher is not None:
+        entry["train_kl"] = parts["kl"]
+        entry["held_out_kl"] = held_out_kl(model, teacher, eval_ids, seq, max_windows=32)
+    return entry
