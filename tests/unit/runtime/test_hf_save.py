@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 
 import pytest
 import torch
-from helpers.hf_dirs import CORPUS
+from helpers.hf_dirs import CORPUS, spread_weights
 from transformers import AutoModelForCausalLM
 
 from avspec.runtime.hf_checkpoint import load_hf_model, read_hf_config, save_hf_model
@@ -56,18 +55,7 @@ VARIANTS = {
 def random_model(config: TransformerConfig, seed: int) -> Transformer:
     """A model with spread weights: random norm weights and biases, matrices ~ 1.5/sqrt(fan-in)."""
     torch.manual_seed(seed)
-    model = Transformer(config)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.2 * noise)
-            elif p.dim() == 1:
-                p.copy_(0.5 * noise)
-            else:
-                p.copy_(noise * 1.5 / math.sqrt(p.shape[1]))
-    return model.eval()
+    return spread_weights(Transformer(config), seed)
 
 
 @pytest.mark.parametrize("kind", list(VARIANTS))
