@@ -365,7 +365,7 @@ def scrape_estimator(metrics_url: str) -> dict[str, float]:
 
 def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     """Start a server on a copy of --model-repository (snapshot in --out); return its URLs."""
-    from avspec.serving.repository import build_test_repository
+    from avspec.serving.repository import copy_repository
     from avspec.serving.server_process import ServerProcess, free_port
 
     work = args.out / "server"
@@ -380,7 +380,7 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     for model, directory in (("target", args.target_dir), ("draft", args.draft_dir)):
         if directory is not None:
             overrides[model] = {"model_dir": directory.resolve()}
-    repo = build_test_repository(args.model_repository, work / "model_repository", overrides)
+    repo = copy_repository(args.model_repository, work / "model_repository", overrides)
     ports = [free_port() for _ in range(3)]
     server = ServerProcess(repo, *ports, log_path=work / "tritonserver.log")
     stack.enter_context(server)

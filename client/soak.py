@@ -114,14 +114,14 @@ def _progress(
 def start_server(stack: ExitStack, args: argparse.Namespace) -> ServerProcess:
     """Start a server on a copy of --model-repository (log and snapshot in --out/server)."""
     # imported here: it pulls in torch, which only --start-server needs (--help stays quick)
-    from avspec.serving.repository import build_test_repository
+    from avspec.serving.repository import copy_repository
 
     work = args.out / "server"
     if work.exists():
         shutil.rmtree(work)
     # the estimator snapshot goes to the copy: a soak must not overwrite the deployed one
     overrides = {"verifier": {"snapshot_path": work / "estimator_snapshot.json"}}
-    repo = build_test_repository(args.model_repository, work / "model_repository", overrides)
+    repo = copy_repository(args.model_repository, work / "model_repository", overrides)
     ports = [free_port() for _ in range(3)]
     server = ServerProcess(repo, *ports, log_path=work / "tritonserver.log")
     stack.enter_context(server)

@@ -19,7 +19,7 @@ from avspec.runtime.model_dir import save_model_dir
 from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.runtime.transformer import Transformer, TransformerConfig
 from avspec.serving.metrics import metric_value, parse_metrics
-from avspec.serving.repository import build_test_repository
+from avspec.serving.repository import copy_repository
 from avspec.serving.server_process import ServerProcess, free_port
 from helpers import ROOT
 
@@ -118,7 +118,7 @@ def start_test_server(tmp: Path) -> ServerProcess:
     """A started server over a tmp copy of the repository and the tiny pair (see the module doc);
     its log is `tmp/tritonserver.log`, printed if it fails to start."""
     target_dir, draft_dir = save_tiny_pair(tmp / "models")
-    repository = build_test_repository(
+    repository = copy_repository(
         REPOSITORY,
         tmp / "model_repository",
         {

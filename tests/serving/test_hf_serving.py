@@ -29,7 +29,7 @@ from helpers.hf_dirs import (  # noqa: E402
 from avspec.runtime.model_dir import load_tokenizer  # noqa: E402
 from avspec.serving import launcher  # noqa: E402
 from avspec.serving.model_pair import prepare_pair  # noqa: E402
-from avspec.serving.repository import build_test_repository  # noqa: E402
+from avspec.serving.repository import copy_repository  # noqa: E402
 from avspec.serving.server_process import ServerProcess, free_port  # noqa: E402
 
 pytestmark = pytest.mark.serving
@@ -55,7 +55,7 @@ def hf_server(tmp_path_factory: pytest.TempPathFactory):
         **overrides.get("verifier", {}),
         "snapshot_path": str(tmp / "estimator_snapshot.json"),
     }
-    copy = build_test_repository(repository, tmp / "model_repository", overrides)
+    copy = copy_repository(repository, tmp / "model_repository", overrides)
     log = tmp / "tritonserver.log"
     process = ServerProcess(
         copy, free_port(), free_port(), free_port(), exit_timeout_s=5, log_path=log

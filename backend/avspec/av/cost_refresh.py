@@ -104,8 +104,8 @@ class CostRefresh:
             self._overheads.append(wall - sum(millis) - target_ms)
             self._steps.append(
                 (
-                    _predict(self.cost, rows, tokens, verify_rows),
-                    _predict(self.profiled, rows, tokens, verify_rows),
+                    self.cost.step_ms(rows, tokens, verify_rows),
+                    self.profiled.step_ms(rows, tokens, verify_rows),
                     wall,
                 )
             )
@@ -179,12 +179,6 @@ class CostRefresh:
             changed = True
         if changed:
             self.updates += 1
-
-
-def _predict(cost: StepCost, rows: list[int], tokens: int, verify_rows: int) -> float:
-    """Step ms the cost model gives for these passes and target tokens (host floats)."""
-    draft = sum(cost.draft_pass.at(r) for r in rows if r > 0)
-    return cost.overhead_ms + draft + cost.verify_ms(tokens, verify_rows)
 
 
 def _nearest(sizes: list[float], size: float) -> int:

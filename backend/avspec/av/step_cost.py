@@ -17,6 +17,7 @@ of 4, so a table by tokens alone mistakes batch size for verification cost. Both
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,12 @@ class StepCost:
         """Host ms of the target over `tokens` tokens in `rows` rows."""
         return (self.verify.at(tokens) if tokens > 0 else 0.0) + self.verify_row_ms * rows
 
+    def step_ms(self, rows_per_pass: Sequence[int], verify_tokens: int, verify_rows: int) -> float:
+        """Host ms of one step: draft passes of `rows_per_pass` rows (pass 0: the pending tokens;
+        a pass with 0 rows is not run) and the target over `verify_tokens` in `verify_rows`."""
+        draft = sum(self.draft_pass.at(r) for r in rows_per_pass if r > 0)
+        return self.overhead_ms + draft + self.verify_ms(verify_tokens, verify_rows)
+
     def pass_ms(self, rows: torch.Tensor) -> torch.Tensor:
         """ms of draft passes with `rows` rows each (any shape); 0 where rows == 0 (not run)."""
         cost = self.draft_pass(rows).double()
@@ -68,3 +75,9 @@ class StepCost:
             overhead_ms,
             verify_row_ms,
         )
+
+
+def rows_per_pass(pending_tokens: int, num_drafted: Sequence[int], passes: int) -> list[int]:
+    """Rows of each of `passes` draft passes: pass 0 runs the pending tokens, pass p >= 1 the
+    rows that drafted more than p tokens (their draft p - 1 is fed to get draft p)."""
+    return [pending_tokens] + [sum(1 for d in num_drafted if d > p) for p in range(1, passes)]

@@ -43,7 +43,7 @@ import torch
 
 from avspec.av.budget import plan_step
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
-from avspec.av.step_cost import StepCost
+from avspec.av.step_cost import StepCost, rows_per_pass
 from avspec.av.survival import admit, survival
 from avspec.checks import check_finite, check_same_device, check_shape
 
@@ -230,9 +230,9 @@ class AdaptiveVerifier:
         ):
             return
         timing = [float(t) for t in prev_timing_ms.detach().cpu().tolist()]
-        drafted = pending.num_drafted.detach().cpu().long()
+        drafted = pending.num_drafted.detach().cpu().tolist()
         k = len(timing) - 2
-        rows = [pending.base_tokens] + [int((drafted > p).sum()) for p in range(1, k)]
+        rows = rows_per_pass(pending.base_tokens, drafted, k)
         tokens = pending.base_tokens + int(pending.num_verify.detach().cpu().long().sum())
         try:
             self.refresh.observe(

@@ -151,12 +151,13 @@ class _Alive:
     def __init__(
         self, stops: list[bool], plan: DraftPlan | None, device: torch.device, compact: bool
     ) -> None:
-        self.stops = stops
         self.plan = plan
         self.compact = compact
         self.any = plan is not None and any(stops)
-        batch = len(stops)
         self.stopped: set[int] = set()  # compact mode
+        if not self.any:  # no row stops by a plan: nothing to track (most steps without AV)
+            return
+        batch = len(stops)
         self.survival = torch.ones(batch, dtype=torch.float32, device=device)
         self.stops_t = torch.tensor(stops, dtype=torch.bool, device=device)
         self.drafting = torch.ones(batch, dtype=torch.bool, device=device)  # masked mode

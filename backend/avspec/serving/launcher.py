@@ -28,7 +28,7 @@ from pathlib import Path
 
 from avspec.serving.exposure import ADMIN_KEY_ENV, ADMIN_KEY_HEADER, read_admin_key
 from avspec.serving.model_pair import prepare_pair
-from avspec.serving.repository import build_test_repository
+from avspec.serving.repository import copy_repository
 from avspec.serving.server_process import ServerError, ServerProcess
 
 
@@ -174,7 +174,7 @@ def prepare_repository(
     )
     for line in pair.lines:
         print(line, flush=True)
-    return build_test_repository(repository, workdir / repository.name, pair.overrides)
+    return copy_repository(repository, workdir / repository.name, pair.overrides)
 
 
 def _serve(args: argparse.Namespace) -> int:

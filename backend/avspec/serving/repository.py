@@ -6,7 +6,7 @@
   repository directory (`model_repository/../models/draft` for `model_dir: "models/draft"`).
 - Conversion of named torch tensors (or numpy arrays) to `StepInputs`, and of the step's
   tensors to and from numpy for the entry model's BLS call.
-- `build_test_repository`: a copy of the repository with parameter overrides and absolute
+- `copy_repository`: a copy of the repository with parameter overrides and absolute
   paths, for tests and benchmarks that must not write next to the real one.
 """
 
@@ -260,7 +260,7 @@ def rewrite_config_parameters(
     return _PARAMETER.sub(replace, config_text)
 
 
-def build_test_repository(
+def copy_repository(
     source: str | Path,
     destination: str | Path,
     overrides: Mapping[str, Mapping[str, Any]] | None = None,

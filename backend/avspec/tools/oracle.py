@@ -31,7 +31,7 @@ import torch
 
 from avspec.av.drafting import DraftPlan, drafted_by_plan
 from avspec.av.estimator import AcceptanceEstimator
-from avspec.av.step_cost import StepCost
+from avspec.av.step_cost import StepCost, rows_per_pass
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
 
@@ -113,16 +113,8 @@ def oracle_bound(
 
 def step_ms(cost: StepCost, base_tokens: int, drafted: np.ndarray, verified: np.ndarray) -> float:
     """Modelled ms of one step: rows drafting `drafted` [rows], the target verifying `verified`."""
-    passes = torch.as_tensor(
-        [int((drafted > p).sum()) for p in range(1, int(drafted.max(initial=0)))],
-        dtype=torch.float64,
-    )
-    return (
-        cost.overhead_ms
-        + float(cost.pass_ms(torch.tensor(float(base_tokens))))
-        + float(cost.pass_ms(passes).sum())
-        + cost.verify_ms(base_tokens + int(verified.sum()), len(drafted))
-    )
+    passes = rows_per_pass(base_tokens, drafted.tolist(), int(drafted.max(initial=0)))
+    return cost.step_ms(passes, base_tokens + int(verified.sum()), len(drafted))
 
 
 def _replay_av(

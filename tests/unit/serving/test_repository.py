@@ -15,7 +15,7 @@ from avspec.serving.repository import (
     STEP_INPUT_DTYPES,
     EntryParams,
     StageParams,
-    build_test_repository,
+    copy_repository,
     model_parameters,
     parse_parameters,
     parse_verifier_parameters,
@@ -156,8 +156,8 @@ def test_rewrite_parameters_overrides_and_absolutises(tmp_path: Path) -> None:
         rewrite_config_parameters(text, {"refit_every": "10"})
 
 
-def test_build_test_repository(tmp_path: Path) -> None:
-    copy = build_test_repository(
+def test_copy_repository(tmp_path: Path) -> None:
+    copy = copy_repository(
         REPOSITORY, tmp_path / "repo", {"speculative": {"max_batch_size": 3}}
     )
     assert (
@@ -168,7 +168,7 @@ def test_build_test_repository(tmp_path: Path) -> None:
     assert Path(draft["model_dir"]).is_absolute()
     assert (copy / "speculative/1/model.py").is_file()
     with pytest.raises(ValueError, match="no such model"):
-        build_test_repository(REPOSITORY, tmp_path / "other", {"drafter": {}})
+        copy_repository(REPOSITORY, tmp_path / "other", {"drafter": {}})
 
 
 def test_every_model_has_a_tracked_version_directory():
