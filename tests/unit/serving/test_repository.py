@@ -157,9 +157,7 @@ def test_rewrite_parameters_overrides_and_absolutises(tmp_path: Path) -> None:
 
 
 def test_copy_repository(tmp_path: Path) -> None:
-    copy = copy_repository(
-        REPOSITORY, tmp_path / "repo", {"speculative": {"max_batch_size": 3}}
-    )
+    copy = copy_repository(REPOSITORY, tmp_path / "repo", {"speculative": {"max_batch_size": 3}})
     assert (
         read_config_parameters((copy / "speculative/config.pbtxt").read_text())["max_batch_size"]
         == "3"
