@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from avspec.checks import check_finite, check_same_device, check_shape
+
+NUCLEUS_FIRST_K = 64  # CPU top-p: the largest values `_nucleus_by_topk` reads first
 
 
 def warp_probs(
@@ -64,12 +67,66 @@ def _check_warp_values(
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Zero the tail outside the nucleus of probs [batch, position, vocab]; renormalise."""
+    """Zero the tail outside the nucleus of probs [batch, position, vocab]; renormalise.
+
+    The nucleus is the prefix of the tokens in stable descending order (ties: lower id first)
+    whose mass strictly before each token is < top_p: the smallest prefix reaching top_p, the
+    top token always. top_p = 1 keeps every token (whatever the rounding of the running sum).
+    On CUDA the nucleus is found by one sort; on the CPU by `_nucleus_by_topk`, which keeps the
+    same tokens without sorting the whole vocabulary.
+    """
+    whole = top_p >= 1.0
+    if probs.device.type != "cpu":
+        keep = _nucleus_by_sort(probs, top_p)
+    else:
+        keep = _nucleus_by_topk(probs, top_p, whole)
+    return _renormalised(probs, keep | whole)
+
+
+def _nucleus_by_sort(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The nucleus mask of probs [..., vocab] (top_p broadcast [..., 1]) from a stable sort."""
     sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
     mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    # Mass strictly before a token < top_p: the smallest prefix reaching top_p, top token always.
     keep_sorted = mass_before < top_p
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+
+
+def _nucleus_by_topk(probs: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
+    """`_nucleus_by_sort`'s mask, from the sorted values only (rows where `skip`: anything).
+
+    The nucleus length n depends only on the values in descending order, so it is read from the
+    `NUCLEUS_FIRST_K` largest (`topk`), and for the rows whose nucleus may be longer from all
+    values sorted by numpy (values only: ~3x faster than torch's CPU sort, which also sorts
+    indices). The mask is every token above the n-th value t plus, of the tokens equal to t,
+    the lowest ids (the order a stable sort gives ties). On 64 x 9 x 4096 probabilities this
+    costs 15-60 % of the stable sort, the least when the nuclei fit the first k.
+    """
+    vocab = probs.shape[-1]
+    rows = probs.reshape(-1, vocab)
+    row_top_p = top_p.expand(*probs.shape[:-1], 1).reshape(-1)
+    n_keep = torch.ones(rows.shape[0], dtype=torch.int64)
+    last = rows.amax(dim=-1)
+    pending = (~skip.expand(*probs.shape[:-1], 1).reshape(-1)).nonzero()[:, 0]
+    for k in (min(vocab, NUCLEUS_FIRST_K), vocab):
+        if not len(pending):
+            break
+        if k < vocab:
+            values = torch.topk(rows[pending], k, dim=-1).values
+        else:
+            values = torch.from_numpy(np.sort(rows[pending].numpy(), axis=-1)[:, ::-1].copy())
+        mass_before = torch.cumsum(values, dim=-1) - values
+        count = (mass_before < row_top_p[pending, None]).sum(-1)
+        n_keep[pending] = count
+        last[pending] = values.gather(-1, (count - 1)[:, None])[:, 0]
+        pending = pending[count == k]
+    above = rows > last[:, None]
+    ties = rows == last[:, None]
+    needed = n_keep - above.sum(-1)
+    keep = above | (ties & (torch.cumsum(ties, dim=-1) <= needed[:, None]))
+    return keep.reshape(probs.shape)
+
+
+def _renormalised(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     kept = torch.where(keep, probs, torch.zeros_like(probs))
     return kept / kept.sum(dim=-1, keepdim=True)
 
@@ -86,14 +143,22 @@ def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
 def exponential_noise(
     generators: Sequence[torch.Generator], shape: Sequence[int], device: torch.device
 ) -> torch.Tensor:
-    """Draw Exp(1) noise [batch, *shape], row r from generators[r] only (host loop over batch)."""
+    """Draw Exp(1) noise [batch, *shape] fp32, row r from generators[r] only (host loop over
+    batch).
+
+    Each row is fp64 uniforms U from its generator, then -log(1 - U) for the whole batch at
+    once: an exact inversion, ~2.5x cheaper on the CPU than torch's `exponential_` (which cost
+    half of a 64-row draft pass over a 4096-piece vocabulary).
+    """
     rows = [
-        torch.empty(tuple(shape), device=device).exponential_(generator=gen) for gen in generators
+        torch.rand(tuple(shape), device=device, dtype=torch.float64, generator=gen)
+        for gen in generators
     ]
     if not rows:
         return torch.empty((0, *shape), device=device)
+    noise = torch.stack(rows).neg_().log1p_().neg_().float()
     # Exp(1) can round to 0; a tiny floor keeps p / E finite without changing the race.
-    return torch.stack(rows).clamp_min(torch.finfo(torch.float32).tiny)
+    return noise.clamp_min(torch.finfo(torch.float32).tiny)
 
 
 def race(probs: torch.Tensor, exponentials: torch.Tensor) -> torch.Tensor:
