@@ -49,6 +49,8 @@ def warp_probs(
     scale = torch.where(temperature > 0, temperature.float(), torch.ones_like(temperature.float()))
     probs = torch.softmax(logits / scale[:, None, None], dim=-1)
     probs = _top_p_filter(probs, top_p.float()[:, None, None])
+    if probs.device.type == "cpu" and not bool(greedy.any()):
+        return probs  # the one-hot argmax costs ~10 % of a CPU draft pass; skip it when unused
     return torch.where(greedy, _one_hot_argmax(logits), probs)
 
 
