@@ -36,8 +36,8 @@ clean:
 # Admin APIs (model control, repository, config, stats, logging, trace) stay closed unless
 # ADMIN_KEY_FILE (or AVSPEC_ADMIN_KEY in the environment) gives the operator's key.
 ADMIN_KEY_FILE ?=
-# The pair to serve: Hugging Face checkpoint directories (or the project's own format), checked
-# and described by the launcher before tritonserver starts.
+# The pair to serve: Hugging Face checkpoint directories (the only model format), checked and
+# described by the launcher before tritonserver starts.
 DRAFT_MODEL ?= models/draft
 TARGET_MODEL ?= models/target
 serve: $(STAMP)
@@ -46,16 +46,11 @@ serve: $(STAMP)
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		$(if $(ADMIN_KEY_FILE),--admin-key-file $(ADMIN_KEY_FILE))
 
-# Retrain the default draft/target pair + MODEL_CARD.md (reproducible from seed and steps; ~40 min).
+# Retrain the default pair + MODEL_CARD.md: BPE tokenizer, Llama target, draft distilled from it,
+# written as Hugging Face checkpoints (reproducible from seed, steps and 2 threads; ~40 min).
 models: $(STAMP)
-	$(PY) -m avspec.tools.training --out models --seed 0 --draft-steps 1500 --target-steps 800
-
-.PHONY: trtllm-checkpoint
-# The target as a TensorRT-LLM checkpoint (docs/gpu.md); runs here. Building the engine from it
-# needs TensorRT-LLM: add --build ENGINE_DIR where trtllm-build exists (the NGC trtllm container).
-TRTLLM_CHECKPOINT ?= build/trtllm/target
-trtllm-checkpoint: $(STAMP)
-	$(PY) -m avspec.trtllm.checkpoint models/target --out $(TRTLLM_CHECKPOINT) --dtype float16 --force
+	$(PY) -m avspec.tools.training --out models --seed 0 --target-steps 600 --draft-steps 800 \
+		--threads 2
 
 .PHONY: workloads
 # Rebuild the prompt sets (code, prose, high_entropy) from the held-out split.

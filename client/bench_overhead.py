@@ -32,7 +32,8 @@ from avspec.av.step_cost import StepCost
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
-from avspec.runtime.tokenizer import ByteTokenizer
+from avspec.runtime.model_dir import load_tokenizer
+from avspec.runtime.tokenizer import Tokenizer
 from avspec.serving.metrics import metric_value, parse_metrics
 from avspec.serving.server_process import ServerProcess
 
@@ -55,9 +56,11 @@ def _prompts(workload: Path, count: int) -> list[str]:
     return [json.loads(line)["prompt"] for line in lines]
 
 
-def in_process(step: SpeculativeStep, prompts: list[str], max_tokens: int, k: int) -> tuple:
-    """(seconds, steps) for all prompts at once through one in-process scheduler."""
-    tokenizer = ByteTokenizer()
+def in_process(
+    step: SpeculativeStep, tokenizer: Tokenizer, prompts: list[str], max_tokens: int, k: int
+) -> tuple:
+    """(seconds, steps) for all prompts at once through one in-process scheduler; prompts are
+    encoded with `tokenizer` (the target's, as the server's entry model does)."""
     counter = {"steps": 0}
 
     def counted(inputs):
@@ -65,7 +68,7 @@ def in_process(step: SpeculativeStep, prompts: list[str], max_tokens: int, k: in
             counter["steps"] += 1
         return step(inputs)
 
-    scheduler = Scheduler(counted, tokenizer.eos_id, len(prompts), MAX_LENGTH, k)
+    scheduler = Scheduler(counted, tokenizer.eos_ids, len(prompts), MAX_LENGTH, k)
     errors: list[Exception] = []
     start = time.perf_counter()
     for prompt in prompts:
@@ -142,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         ROOT / "models" / "target", ROOT / "models" / "draft", args.draft_tokens,
         sequences, MAX_LENGTH, "cpu", cost=cost,
     )  # fmt: skip
+    tokenizer = load_tokenizer(ROOT / "models" / "target")
     http, grpc, metrics = (int(p) for p in args.ports.split(","))
     rows = []
     with (
@@ -150,11 +154,13 @@ def main(argv: list[str] | None = None) -> int:
                       log_path=Path(log_dir) / "triton.log") as server,
     ):  # fmt: skip
         through_triton(server, prompts[:1], 8, args.draft_tokens)  # warm-up
-        in_process(step, prompts[:1], 8, args.draft_tokens)
+        in_process(step, tokenizer, prompts[:1], 8, args.draft_tokens)
         for c in concurrencies:
             local, served = [], []
             for _ in range(args.repeats):  # alternate so drift hits both alike
-                local.append(in_process(step, prompts[:c], args.max_tokens, args.draft_tokens))
+                local.append(
+                    in_process(step, tokenizer, prompts[:c], args.max_tokens, args.draft_tokens)
+                )
                 served.append(
                     through_triton(server, prompts[:c], args.max_tokens, args.draft_tokens)
                 )

@@ -40,8 +40,7 @@ from avspec.engine.draft_stage import DraftOutput, DraftStage
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
 from avspec.engine.target_stage import TargetStage
-from avspec.runtime.model_dir import load_model_dir
-from avspec.runtime.tokenizer import ByteTokenizer
+from avspec.runtime.model_dir import load_model, load_tokenizer
 from avspec.tools.features_zoo import ZOO_FEATURES, feature_zoo
 
 WORKLOADS = ("code", "prose", "high_entropy")
@@ -133,8 +132,8 @@ def step_cost(path: Path, max_rows: int, max_tokens: int) -> StepCost:
 
 
 def build_step(args: argparse.Namespace) -> RecordingStep:
-    target_model, _ = load_model_dir(args.target_dir)
-    draft_model, _ = load_model_dir(args.draft_dir)
+    target_model = load_model(args.target_dir, max_length=args.max_length)
+    draft_model = load_model(args.draft_dir, max_length=args.max_length)
     k, sequences = args.k, args.concurrency + 1
 
     def cache(model):  # noqa: ANN001, ANN202
@@ -159,12 +158,12 @@ def load_prompts(workload_dir: Path, workload: str, count: int) -> list[str]:
 
 
 def collect(args: argparse.Namespace) -> dict[str, np.ndarray]:
-    tokenizer = ByteTokenizer()
+    tokenizer = load_tokenizer(args.target_dir)  # the pair's: the target's tokenizer.json
     parts: dict[str, list[np.ndarray]] = {}
     slopes, intercepts, steps_before = [], [], 0
     for w, workload in enumerate(args.workloads):
         step = build_step(args)
-        scheduler = Scheduler(step, tokenizer.eos_id, args.concurrency, args.max_length, args.k)
+        scheduler = Scheduler(step, tokenizer.eos_ids, args.concurrency, args.max_length, args.k)
         prompts = load_prompts(args.workload_dir, workload, args.prompts)
         bar = tqdm(total=len(prompts), desc=f"collect {workload}", file=sys.stderr)
         errors: list[Exception] = []

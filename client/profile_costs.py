@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from avspec.av.cost_file import load_step_cost, save_step_cost
 from avspec.av.step_cost import StepCost
+from avspec.runtime.model_dir import load_model
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
 from avspec.tools.profiler import (
     CostPoints,
@@ -39,9 +40,7 @@ from avspec.tools.profiler import (
     profile_verify_cost,
     verify_points,
 )
-
-RANDOM_TARGET = TransformerConfig(num_layers=4, width=256, num_heads=4)
-RANDOM_DRAFT = TransformerConfig(num_layers=1, width=96, num_heads=4)
+from avspec.tools.training.train import DRAFT_CONFIG, TARGET_CONFIG
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -95,19 +94,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def load_pair(args: argparse.Namespace) -> tuple[Transformer, Transformer, str]:
-    """(target, draft, description) from model dirs or seeded random weights."""
+    """(target, draft, description) from Hugging Face model dirs (`load_model`) or, with
+    --random-pair, seeded random weights of the default pair's shapes (TARGET_CONFIG and
+    DRAFT_CONFIG of avspec.tools.training.train)."""
     if args.random_pair:
         models = []
-        for seed, config in ((1, RANDOM_TARGET), (2, RANDOM_DRAFT)):
+        for seed, config in ((1, TARGET_CONFIG), (2, DRAFT_CONFIG)):
             model = Transformer(config)
             init_weights(model, torch.Generator().manual_seed(seed))
             models.append(model.to(args.device).eval())
-        return models[0], models[1], "random-weight pair (target 4x256, draft 1x96)"
-    from avspec.runtime.model_dir import load_model_dir
+        described = (f"target {_shape(TARGET_CONFIG)}", f"draft {_shape(DRAFT_CONFIG)}")
+        return models[0], models[1], f"random-weight pair ({', '.join(described)})"
+    target = load_model(args.target_dir, args.device)
+    draft = load_model(args.draft_dir, args.device)
+    return target, draft, f"{args.target_dir} + {args.draft_dir}"
 
-    target, _ = load_model_dir(args.target_dir, args.device)
-    draft, _ = load_model_dir(args.draft_dir, args.device)
-    return target.eval(), draft.eval(), f"{args.target_dir} + {args.draft_dir}"
+
+def _shape(config: TransformerConfig) -> str:
+    """layers x width, heads / kv heads, vocab: e.g. "6x320, 5/1 heads, vocab 4096"."""
+    return (
+        f"{config.num_layers}x{config.width}, {config.num_heads}/{config.num_kv_heads} heads, "
+        f"vocab {config.vocab_size}"
+    )
 
 
 def device_name(device: str) -> str:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Container entry point: build the target engine if the engine volume has none (a Hugging Face
-# target with TensorRT-LLM's stock converter, the project's own format with its exporter;
+# Container entry point: build the target engine if the engine volume has none (the Hugging Face
+# target through TensorRT-LLM's stock converter and trtllm-build, avspec.trtllm.hf_engine;
 # docs/gpu.md "Your own pair on the GPU"), fill the GPU
 # templates, then serve both repositories with the gpu configs through the launcher
 # (avspec.serving.launcher): tritonserver on 127.0.0.1 behind the front, restricted APIs and the
@@ -24,38 +24,24 @@ TARGET="${AVSPEC_TARGET_MODEL:-${ROOT}/models/target}"
 DRAFT="${AVSPEC_DRAFT_MODEL:-${ROOT}/models/draft}"
 export TRTLLM_EXAMPLES="${TRTLLM_EXAMPLES:-/opt/tensorrt_llm/examples}"
 CHECKPOINT="${AVSPEC_CHECKPOINT_DIR:-/tmp/avspec_checkpoint}"
-is_hf() { python3 -c 'import sys; from avspec.runtime.model_dir import is_hf_dir
-sys.exit(0 if is_hf_dir(sys.argv[1]) else 1)' "$1"; }
 
 ENGINE_DIR="$(value engine_dir)"
 SIZES=(--max-batch-size "$(value triton_max_batch_size)" --max-seq-len "$(value max_seq_len)")
 if [[ ! -f "${ENGINE_DIR}/rank0.engine" ]]; then
-    # First start: convert the target to a TensorRT-LLM checkpoint and build it (minutes).
+    # First start: TensorRT-LLM's stock converter, then trtllm-build (minutes). hf_engine refuses
+    # a target that is not a Hugging Face checkpoint, naming the directory, before converting.
     echo "no engine in ${ENGINE_DIR}: building one from ${TARGET}"
-    if is_hf "${TARGET}"; then
-        # a Hugging Face checkpoint: TensorRT-LLM's stock converter, then trtllm-build
-        python3 -m avspec.trtllm.hf_engine "${TARGET}" --out "${CHECKPOINT}" \
-            --dtype float16 --build "${ENGINE_DIR}" "${SIZES[@]}"
-    else
-        # the project's own format: the custom exporter (oracle-tested), then trtllm-build
-        python3 -m avspec.trtllm.checkpoint "${TARGET}" --out "${CHECKPOINT}" \
-            --force --dtype float16 --build "${ENGINE_DIR}" "${SIZES[@]}"
-    fi
+    python3 -m avspec.trtllm.hf_engine "${TARGET}" --out "${CHECKPOINT}" \
+        --dtype float16 --build "${ENGINE_DIR}" "${SIZES[@]}"
 fi
 
-PAIR=()
-FILL=()
-if is_hf "${TARGET}"; then
-    # the engine's vocabulary is the target's config.json vocab_size, not the example's 257
-    VOCAB="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' \
-        "${TARGET}/config.json")"
-    FILL=(--set "vocab_size=${VOCAB}")
-fi
-if is_hf "${TARGET}" || is_hf "${DRAFT}"; then
-    # the launcher checks the pair and serves the draft and verifier on it (model_dir,
-    # vocab_limit, caps, pair_id), as `make serve DRAFT_MODEL=... TARGET_MODEL=...` does
-    PAIR=(--draft-model "${DRAFT}" --target-model "${TARGET}")
-fi
+# the engine's vocabulary is the target's config.json vocab_size
+VOCAB="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["vocab_size"])' \
+    "${TARGET}/config.json")"
+FILL=(--set "vocab_size=${VOCAB}")
+# the launcher checks the pair and serves the draft and verifier on it (model_dir, vocab_limit,
+# caps, pair_id), as `make serve DRAFT_MODEL=... TARGET_MODEL=...` does
+PAIR=(--draft-model "${DRAFT}" --target-model "${TARGET}")
 
 python3 "${ROOT}/client/fill_template.py" --force --output "${FILLED}" --values "${VALUES}" \
     "${FILL[@]}" "$@"

@@ -112,6 +112,11 @@ class EstimatorConfig:
     damping: float = 50.0  # evidence damping: step scaled by n / (n + damping)
     feature_clamp: float = 40.0
     min_slope: float = 1e-3  # the slope is kept positive
+    # Trust region: one refit moves the slope and each intercept by at most this much. Not in the
+    # reference; without it saturated predictions (C_k = sum p(1 - p) -> 0) let one Newton step
+    # throw an intercept to -1e6, where p = 0, no draft at that position is verified again and
+    # the fit never returns (seen on the fleet test's tiny pair). inf: the reference's step.
+    max_step: float = 2.0
 
     def __post_init__(self) -> None:
         if self.num_positions < 1:
@@ -126,6 +131,8 @@ class EstimatorConfig:
             raise ValueError(f"feature_clamp must be > 0, got {self.feature_clamp}")
         if not self.min_slope > 0:
             raise ValueError(f"min_slope must be > 0, got {self.min_slope}")
+        if not self.max_step > 0:
+            raise ValueError(f"max_step must be > 0 (inf: uncapped), got {self.max_step}")
         if not self.initial_slope >= self.min_slope:
             raise ValueError(
                 f"initial_slope must be >= min_slope ({self.min_slope}), got {self.initial_slope}"

@@ -4,7 +4,7 @@
 - `server`: the serving tests' constants, tiny model pair and polling helpers;
 - `clients`: small HTTP / gRPC clients of the `speculative` model;
 - `client_scripts`: the one way to import a `client/*.py` script;
-- `front_fakes`: fake upstreams of the front; `trtllm_llama`: the TensorRT-LLM LLaMA oracle.
+- `front_fakes`: fake upstreams of the front.
 
 Shared fixtures live in tests/conftest.py; fixtures of one folder in that folder's conftest.
 """

@@ -131,3 +131,49 @@ def hf_greedy(
         suppress_tokens=list(suppress) or None,
     )[0, len(prompt) :].tolist()
     return out[:-1] if out and out[-1] in eos_ids else out
+
+
+def byte_tokenizer() -> Tokenizer:
+    """A byte-level tokenizer with one piece per byte (no merges) plus EOS: 257 tokens, EOS 0.
+
+    Token ids are not byte values: `token_to_id` / `id_to_token` map between them (the pieces
+    are the ByteLevel alphabet, e.g. "Ġ" for a space)."""
+    tok = byte_level_bpe([""], [EOS], 257)
+    assert tok.get_vocab_size() == 257, tok.get_vocab_size()
+    return tok
+
+
+def byte_piece_text(tok: Tokenizer, token_id: int) -> str | None:
+    """The text of one byte piece of `tok` (a ByteLevel alphabet character), or None for a
+    special token or a piece that is not one whole character."""
+    piece = tok.id_to_token(token_id)
+    if piece is None or piece == EOS:
+        return None
+    text = tok.decode([token_id], skip_special_tokens=True)
+    return text if len(text) == 1 and text != "\ufffd" else None
+
+
+# A Llama-form runtime config (SwiGLU, RMSNorm epsilon, half-split RoPE) over the byte tokenizer.
+def llama_form_config(**overrides):
+    from avspec.runtime.transformer import TransformerConfig
+
+    values = dict(
+        num_layers=2, width=64, num_heads=2, vocab_size=257, max_length=256, mlp="swiglu",
+        norm_eps=1e-5,
+    )  # fmt: skip
+    return TransformerConfig(**(values | overrides))
+
+
+def save_transformer_dir(path: Path, model, tok: Tokenizer | None = None) -> Path:
+    """Save a Llama-form runtime `Transformer` as a LlamaForCausalLM directory with `tok`
+    (default: `byte_tokenizer()`) as its tokenizer, EOS its "</s>": `save_hf_model` plus the
+    tokenizer files. Returns `path`."""
+    from avspec.runtime.hf_checkpoint import save_hf_model
+
+    tok = tok or byte_tokenizer()
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"eos_token": EOS, "tokenizer_class": "PreTrainedTokenizerFast"})
+    )
+    return save_hf_model(model, path, eos_token_id=tok.token_to_id(EOS))

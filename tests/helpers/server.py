@@ -15,13 +15,12 @@ import torch
 from avspec.av.cost_file import save_step_cost
 from avspec.av.cost_table import CostTable
 from avspec.av.step_cost import StepCost
-from avspec.runtime.model_dir import save_model_dir
-from avspec.runtime.tokenizer import ByteTokenizer
-from avspec.runtime.transformer import Transformer, TransformerConfig
+from avspec.runtime.transformer import Transformer
 from avspec.serving.metrics import metric_value, parse_metrics
 from avspec.serving.repository import copy_repository
 from avspec.serving.server_process import ServerProcess, free_port
 from helpers import ROOT
+from helpers.hf_dirs import byte_piece_text, byte_tokenizer, llama_form_config, save_transformer_dir
 
 REPOSITORY = ROOT / "model_repository"
 K = 8
@@ -31,19 +30,24 @@ ADMIN_KEY = "serving-tests-admin-key-0123456789"  # the operator's key: admin ca
 
 
 def save_tiny_pair(directory: Path, seed: int = 0) -> tuple[Path, Path]:
-    """Save a seeded random target and a noisy copy of it as the draft; return their dirs.
+    """Save a seeded random Llama-form target and a noisy copy of it as the draft, both as
+    LlamaForCausalLM directories with the byte-level tokenizer (`byte_tokenizer`: one piece per
+    byte plus EOS); return their dirs.
 
     Random init makes a copy machine (tied embeddings: the residual argmax is the input token),
-    so the block matrices are scaled up 6x; embeddings outside printable ASCII and newline are
-    scaled down, so outputs are text whose characters map one to one onto tokens.
+    so the block matrices are scaled up 6x; embeddings of every token whose piece is not
+    printable ASCII or newline (EOS and bytes above 127 included) are scaled down, so outputs
+    are text whose characters map one to one onto tokens.
     """
     torch.manual_seed(seed)  # test code: Transformer initialises from the global generator
     generator = torch.Generator().manual_seed(seed)
-    config = TransformerConfig(num_layers=2, width=64, num_heads=2, max_length=MAX_LENGTH)
+    tok = byte_tokenizer()
+    config = llama_form_config(max_length=MAX_LENGTH)
     target, draft = Transformer(config), Transformer(config)
     printable = torch.zeros(config.vocab_size, dtype=torch.bool)
-    printable[32:127] = True
-    printable[10] = True
+    for token_id in range(config.vocab_size):
+        text = byte_piece_text(tok, token_id)
+        printable[token_id] = text is not None and (text == "\n" or " " <= text <= "~")
     with torch.no_grad():
         for (name, t), d in zip(target.named_parameters(), draft.parameters(), strict=True):
             if name.startswith("blocks.") and t.dim() == 2:
@@ -52,8 +56,8 @@ def save_tiny_pair(directory: Path, seed: int = 0) -> tuple[Path, Path]:
                 t[~printable] *= 0.1
             noise = torch.randn(t.shape, generator=generator) * 0.3 * t.std().clamp_min(1e-3)
             d.copy_(t + noise)
-    save_model_dir(directory / "target", target, ByteTokenizer())
-    save_model_dir(directory / "draft", draft, ByteTokenizer())
+    save_transformer_dir(directory / "target", target, tok)
+    save_transformer_dir(directory / "draft", draft, tok)
     return directory / "target", directory / "draft"
 
 

@@ -12,14 +12,15 @@ from avspec.runtime.transformer import Transformer, TransformerConfig
 K = 4
 
 
-def tiny_model(seed: int, layers: int = 2, width: int = 32) -> Transformer:
-    """A float64 random-weight model with peaked, non-trivial logits, for exact checks.
+def tiny_model(seed: int, layers: int = 2, width: int = 32, **config: object) -> Transformer:
+    """A float64 random-weight model with peaked, non-trivial logits, for exact checks
+    (`config`: further `TransformerConfig` fields, e.g. a Llama form's mlp="swiglu").
 
     GPT-style init makes a random model repeat its input (tied embeddings); unit-scale weights
     and a random final-norm gain give varied, peaked distributions instead.
     """
     model = Transformer(
-        TransformerConfig(num_layers=layers, width=width, num_heads=2, max_length=96)
+        TransformerConfig(num_layers=layers, width=width, num_heads=2, max_length=96, **config)
     )
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():

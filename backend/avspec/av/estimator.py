@@ -24,6 +24,11 @@ from avspec.av.refit import SufficientStats, newton_step
 from avspec.checks import check_same_device, check_shape
 from avspec.config import EstimatorConfig
 
+# Sanity bounds on the coefficients, kept by every refit and checked on every snapshot
+# (avspec.av.snapshot): at w = 100 the acceptance curve is already a step.
+MAX_SLOPE = 100.0
+MAX_ABS_INTERCEPT = 100.0
+
 NUM_BINS = 10  # equal-width calibration bins, as the spec's ECE
 
 
@@ -104,15 +109,18 @@ class AcceptanceEstimator:
     def refit(self) -> None:
         """Apply one damped Newton step, then start a new window.
 
-        A step with any NaN / inf component is dropped whole; the slope is kept >= min_slope.
+        A step with any NaN / inf component is dropped whole; each component is capped at
+        `max_step` (trust region); the slope is kept in [min_slope, MAX_SLOPE] and each
+        intercept in [-MAX_ABS_INTERCEPT, MAX_ABS_INTERCEPT] (the bounds a snapshot must meet).
         """
         cfg = self.config
         dw, db = newton_step(self.stats, cfg.ridge, cfg.damping)
         ok = torch.isfinite(dw) & torch.isfinite(db).all()
+        dw, db = dw.clamp(-cfg.max_step, cfg.max_step), db.clamp(-cfg.max_step, cfg.max_step)
         slope = torch.where(ok, self.slope.double() + dw, self.slope.double())
         intercepts = torch.where(ok, self.intercepts.double() + db, self.intercepts.double())
-        self.slope.copy_(slope.clamp_min(cfg.min_slope))
-        self.intercepts.copy_(intercepts)
+        self.slope.copy_(slope.clamp(cfg.min_slope, MAX_SLOPE))
+        self.intercepts.copy_(intercepts.clamp(-MAX_ABS_INTERCEPT, MAX_ABS_INTERCEPT))
         self.stats.clear()
         self._last_bins.copy_(self._bins)
         self._bins.zero_()

@@ -104,16 +104,18 @@ def newton_step(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return the damped Newton step (dw 0-dim, db [position]) in float64; no host sync.
 
-    The result may hold NaN (e.g. degenerate statistics with ridge 0): the caller drops it.
+    The ridge is added to every diagonal entry of H: the slope's (sum A_k) and each intercept's
+    (C_k). On the intercepts it keeps the step defined when the predictions saturate (p rounds
+    to 0 or 1, so C_k = 0 while labels still disagree with them); the caller caps the step
+    (`EstimatorConfig.max_step`). The result may hold NaN (e.g. empty statistics with ridge 0):
+    the caller drops it.
     """
-    has = stats.C > 0
-    c = torch.where(has, stats.C, torch.ones_like(stats.C))
-    zero = torch.zeros_like(stats.C)
-    b_over_c = torch.where(has, stats.B / c, zero)
-    numerator = torch.where(has, stats.G0 - b_over_c * stats.G1, zero).sum()
-    denominator = torch.where(has, stats.A - b_over_c * stats.B, zero).sum() + ridge
+    c = stats.C + ridge
+    b_over_c = stats.B / c
+    numerator = (stats.G0 - b_over_c * stats.G1).sum()
+    denominator = (stats.A - b_over_c * stats.B).sum() + ridge
     dw = numerator / denominator
-    db = torch.where(has, (stats.G1 - stats.B * dw) / c, zero)
+    db = (stats.G1 - stats.B * dw) / c
     n_k = stats.n
     n = n_k.sum()
     dw = dw * _evidence(n, damping)

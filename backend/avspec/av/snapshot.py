@@ -46,15 +46,13 @@ from typing import Any
 
 import torch
 
-from avspec.av.estimator import NUM_BINS, AcceptanceEstimator
+from avspec.av.estimator import MAX_ABS_INTERCEPT, MAX_SLOPE, NUM_BINS, AcceptanceEstimator
 from avspec.config import EstimatorConfig
 
 FORMAT_NAME = "avspec-acceptance-estimator"
 FORMAT_VERSION = 1
 _STATS = ("A", "B", "C", "G0", "G1", "n")
 _NON_NEGATIVE_STATS = ("A", "C", "n")  # sums of s f^2, s = p (1 - p) and label counts
-MAX_SLOPE = 100.0
-MAX_ABS_INTERCEPT = 100.0
 
 
 class SnapshotError(ValueError):

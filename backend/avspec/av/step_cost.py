@@ -56,6 +56,16 @@ class StepCost:
         cost = self.draft_pass(rows).double()
         return torch.where(rows > 0, cost, torch.zeros_like(cost))
 
+    def verify_to_draft_ratio(self, rows: int, drafts: int) -> float:
+        """Target ms per verified token over draft ms per row of a pass, at `rows` rows each
+        verifying `drafts` drafts: how many draft passes one verified token costs (an 8B target
+        over a 1B draft is about 8 on a GPU)."""
+        if rows < 1 or drafts < 0:
+            raise ValueError(f"need rows >= 1 and drafts >= 0, got {rows}, {drafts}")
+        tokens = rows * (1 + drafts)
+        per_token = self.verify_ms(tokens, rows) / tokens
+        return per_token / (self.draft_pass.at(rows) / rows)
+
     @classmethod
     def linear(
         cls,

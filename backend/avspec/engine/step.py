@@ -79,7 +79,7 @@ class SpeculativeStep:
         dtype: torch.dtype = torch.float32,
         vocab_limit: int | None = None,
     ) -> SpeculativeStep:
-        """Load both models (either directory format, `load_model`) and build a step.
+        """Load both models (Hugging Face checkpoints, `load_model`) and build a step.
 
         Default cost: linear, target 10x draft. `vocab_limit`: see `from_models`.
         """

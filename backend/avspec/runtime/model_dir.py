@@ -1,24 +1,14 @@
-"""Load and save a model directory: the on-disk format of the draft and target models.
+"""Load a model directory: a Hugging Face checkpoint, the only model format served.
 
-A model directory holds:
+A model directory is a Hugging Face checkpoint directory: `config.json` with an
+`"architectures"` list (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM; read by
+`avspec.runtime.hf_checkpoint`), its safetensors weights, and `tokenizer.json` (read by
+`avspec.runtime.hf_tokenizer`). `avspec.runtime.hf_checkpoint.save_hf_model` writes one for a
+Llama-form `Transformer`; docs/own_models.md says how to bring your own pair.
 
-- `config.json`: `{"format": "avspec-transformer", "version": 1, "model": {...},
-  "tokenizer": "byte"}` where `model` is a `TransformerConfig` dict (`num_layers`, `width`,
-  `num_heads`, `vocab_size`, `max_length`) and `tokenizer` names the tokenizer (only `"byte"`:
-  UTF-8 bytes 0..255 plus EOS 256).
-- `model.safetensors`: fp32 weights keyed by the `Transformer` parameter names
-  (`embed.weight`, `blocks.<i>.qkv.weight`, ...; the output layer is tied to `embed.weight`).
-  Every tensor of the model must be present with exactly the shape the config implies, and no
-  other tensor may be present.
-- anything else (a model card, a training log) is ignored.
-
-To serve your own pair, write both directories in this format (`save_model_dir` does it for a
-`Transformer`) and point the draft and target models' `model_dir` parameter at them.
-
-`load_model` and `load_tokenizer` are the entry points serving uses: they accept either this
-format or a Hugging Face checkpoint directory (`config.json` with an `"architectures"` list,
-read by `avspec.runtime.hf_checkpoint`; `tokenizer.json` read by
-`avspec.runtime.hf_tokenizer`).
+`load_model` and `load_tokenizer` are the entry points serving uses. Anything else, the retired
+"avspec-transformer" directories included, raises `ModelDirError` naming the directory and what
+is missing (`check_model_dir`, also run before a pair check or an engine build).
 """
 
 from __future__ import annotations
@@ -27,58 +17,17 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from avspec.runtime.hf_checkpoint import load_hf_model
 from avspec.runtime.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
-from avspec.runtime.tokenizer import ByteTokenizer, Tokenizer
-from avspec.runtime.transformer import Transformer, TransformerConfig
+from avspec.runtime.transformer import Transformer
 
-FORMAT = "avspec-transformer"
-VERSION = 1
 CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
+RETIRED_FORMAT = "avspec-transformer"  # the project's former format, refused by name
 
 
 class ModelDirError(ValueError):
-    """A model directory is missing, malformed, or does not match its config."""
-
-
-def save_model_dir(path: Path | str, model: Transformer, tokenizer: ByteTokenizer) -> None:
-    """Write `config.json` and `model.safetensors` for `model` into `path` (created if needed)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    config = {
-        "format": FORMAT,
-        "version": VERSION,
-        "model": model.config.to_dict(),
-        "tokenizer": tokenizer.name,
-    }
-    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    weights = {
-        k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()
-    }
-    save_file(weights, str(path / WEIGHTS_FILE), metadata={"format": FORMAT})
-
-
-def load_model_dir(
-    path: Path | str, device: str | torch.device = "cpu"
-) -> tuple[Transformer, ByteTokenizer]:
-    """Load a model directory onto `device` in eval mode; raise ModelDirError on any mismatch."""
-    path = Path(path)
-    config = read_config(path)
-    weights_path = path / WEIGHTS_FILE
-    if not weights_path.is_file():
-        raise ModelDirError(f"{path}: missing {WEIGHTS_FILE}")
-    try:
-        weights = load_file(str(weights_path))
-    except (SafetensorError, OSError) as err:
-        raise ModelDirError(f"{weights_path}: unreadable safetensors file: {err}") from None
-    model = Transformer(config)
-    _check_weights(weights_path, model, weights)
-    model.load_state_dict(weights, strict=True)
-    return model.to(device).eval(), ByteTokenizer()
+    """A model directory is missing, or is not a Hugging Face checkpoint."""
 
 
 def is_hf_dir(path: Path | str) -> bool:
@@ -97,99 +46,53 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     max_length: int | None = None,
 ) -> Transformer:
-    """Load either kind of model directory onto `device` in eval mode.
+    """Load the Hugging Face checkpoint `path` onto `device` in eval mode, in `dtype`, its
+    rotary table sized for `max_length` (default: the config's `max_position_embeddings`).
 
-    A Hugging Face checkpoint (`is_hf_dir`) is loaded by `load_hf_model` in `dtype`, its rotary
-    table sized for `max_length` (default: the config's `max_position_embeddings`); a directory
-    of this module's format by `load_model_dir` (fp32 weights, converted to `dtype`). Raises a
-    ValueError naming the directory when it is neither.
+    Raises ModelDirError naming the directory when it is not a Hugging Face checkpoint, and
+    `HFCheckpointError` (a ValueError) naming the file and field for a malformed one.
     """
     path = Path(path)
-    if is_hf_dir(path):
-        model, _ = load_hf_model(path, dtype, device, max_length)
-        return model
-    _check_own_format(path)
-    model, _ = load_model_dir(path, device)
-    return model if dtype == torch.float32 else model.to(dtype)
+    check_model_dir(path)
+    model, _ = load_hf_model(path, dtype, device, max_length)
+    return model
 
 
-def load_tokenizer(path: Path | str) -> Tokenizer:
-    """The tokenizer of a model directory: `HFTokenizer` when it holds `tokenizer.json`, else
-    the byte tokenizer of this module's format. Raises a ValueError naming the directory when
-    it is neither."""
+def load_tokenizer(path: Path | str) -> HFTokenizer:
+    """The `HFTokenizer` of the Hugging Face checkpoint `path` (its `tokenizer.json`).
+
+    Raises ModelDirError naming the directory and the missing file otherwise."""
     path = Path(path)
-    if (path / TOKENIZER_FILE).is_file():
-        return HFTokenizer.from_directory(path)
-    if is_hf_dir(path):
+    check_model_dir(path)
+    if not (path / TOKENIZER_FILE).is_file():
         raise ModelDirError(f"{path}: Hugging Face checkpoint without {TOKENIZER_FILE}")
-    _check_own_format(path)
-    read_config(path)
-    return ByteTokenizer()
+    return HFTokenizer.from_directory(path)
 
 
-def _check_own_format(path: Path) -> None:
-    """Raise ModelDirError unless `path` claims our format (read_config checks the rest)."""
+def check_model_dir(path: Path | str) -> None:
+    """Raise ModelDirError, naming `path` and the problem, unless it is a Hugging Face
+    checkpoint directory (`is_hf_dir`); the checkpoint's fields are checked when it loads."""
+    path = Path(path)
     if not path.is_dir():
         raise ModelDirError(f"model directory {path} does not exist")
     config_path = path / CONFIG_FILE
-    try:
-        data = json.loads(config_path.read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return  # read_config names the problem
-    if isinstance(data, dict) and "format" not in data:
-        raise ModelDirError(
-            f'{path}: neither a Hugging Face checkpoint (config.json has no "architectures") '
-            f'nor an {FORMAT!r} model directory (no "format")'
-        )
-
-
-def read_config(path: Path) -> TransformerConfig:
-    """Parse and validate `path/config.json`, returning the model config."""
-    config_path = path / CONFIG_FILE
-    if not path.is_dir():
-        raise ModelDirError(f"model directory {path} does not exist")
     if not config_path.is_file():
-        raise ModelDirError(f"{path}: missing {CONFIG_FILE}")
+        raise ModelDirError(
+            f"{path}: missing {CONFIG_FILE}; a model directory must be a Hugging Face checkpoint"
+        )
+    if is_hf_dir(path):
+        return
     try:
         data = json.loads(config_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ModelDirError(f"{config_path}: not valid JSON: {err}") from None
-    if not isinstance(data, dict):
-        raise ModelDirError(f"{config_path}: must hold a JSON object")
-    if data.get("format") != FORMAT:
-        raise ModelDirError(f"{config_path}: format must be {FORMAT!r}, got {data.get('format')!r}")
-    if data.get("version") != VERSION:
+    if isinstance(data, dict) and data.get("format") == RETIRED_FORMAT:
         raise ModelDirError(
-            f"{config_path}: version must be {VERSION}, got {data.get('version')!r}"
+            f"{path}: an {RETIRED_FORMAT!r} directory, the retired format; models must be "
+            'Hugging Face checkpoints (config.json with "architectures", tokenizer.json), '
+            "see docs/own_models.md"
         )
-    if data.get("tokenizer") != ByteTokenizer.name:
-        raise ModelDirError(
-            f"{config_path}: tokenizer must be {ByteTokenizer.name!r}, "
-            f"got {data.get('tokenizer')!r}"
-        )
-    try:
-        config = TransformerConfig.from_dict(data.get("model"))
-    except ValueError as err:
-        raise ModelDirError(f"{config_path}: bad model config: {err}") from None
-    if config.vocab_size != ByteTokenizer.vocab_size:
-        raise ModelDirError(
-            f"{config_path}: vocab_size {config.vocab_size} does not match the byte tokenizer "
-            f"({ByteTokenizer.vocab_size})"
-        )
-    return config
-
-
-def _check_weights(path: Path, model: Transformer, weights: dict[str, torch.Tensor]) -> None:
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    if missing or unexpected:
-        raise ModelDirError(f"{path}: missing tensors {missing}, unexpected tensors {unexpected}")
-    for name, tensor in expected.items():
-        if weights[name].shape != tensor.shape:
-            raise ModelDirError(
-                f"{path}: tensor {name} has shape {tuple(weights[name].shape)}, the config "
-                f"implies {tuple(tensor.shape)}"
-            )
-        if weights[name].dtype != torch.float32:
-            raise ModelDirError(f"{path}: tensor {name} is {weights[name].dtype}, expected float32")
+    raise ModelDirError(
+        f'{path}: not a Hugging Face checkpoint ({CONFIG_FILE} has no "architectures"); '
+        "see docs/own_models.md"
+    )

@@ -1,11 +1,12 @@
-"""Tokenizers: the `Tokenizer` protocol serving relies on, and the byte-level tokenizer.
+"""Tokenizers: the `Tokenizer` protocol serving relies on, and a plain byte tokenizer.
 
-`ByteTokenizer`: token ids 0..255 are UTF-8 bytes, 256 is end-of-sequence (EOS).
-`IncrementalDecoder` turns its stream of token ids into text for streaming responses: it holds
-back the bytes of a character whose UTF-8 sequence is not complete yet.
+Serving's tokenizer is always `avspec.runtime.hf_tokenizer.HFTokenizer`: the `tokenizer.json` of
+the target's Hugging Face checkpoint (`avspec.runtime.model_dir.load_tokenizer`).
 
-`avspec.runtime.hf_tokenizer.HFTokenizer` (a Hugging Face `tokenizer.json`) is the other
-`Tokenizer`.
+`ByteTokenizer` (token ids 0..255 are UTF-8 bytes, 256 is end-of-sequence) is no model's
+tokenizer any more; the training code's small tests and unit tests use it as a simple
+`Tokenizer`. `IncrementalDecoder` turns its stream of token ids into text: it holds back the
+bytes of a character whose UTF-8 sequence is not complete yet.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class StreamDecoder(Protocol):
 
 @runtime_checkable
 class Tokenizer(Protocol):
-    """What serving needs of a tokenizer: either `ByteTokenizer` or `HFTokenizer`."""
+    """What serving needs of a tokenizer (`HFTokenizer`; `ByteTokenizer` also has this shape)."""
 
     @property
     def vocab_size(self) -> int:

@@ -81,8 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--draft-model",
         type=Path,
-        help="the draft's model directory (a Hugging Face checkpoint or the project's own "
-        "format), overriding the draft model's model_dir; with either of --draft-model and "
+        help="the draft's model directory (a Hugging Face checkpoint, the only model format), "
+        "overriding the draft model's model_dir; with either of --draft-model and "
         "--target-model the pair is checked and described before tritonserver starts, and a "
         "rewritten copy of the repository is served",
     )

@@ -1,13 +1,14 @@
 """The launcher's look at the draft/target pair before tritonserver starts (`make serve`).
 
-`prepare_pair` reads both models' configs (a Hugging Face checkpoint or the project's own
-format) and tokenizers, runs the pair check (`avspec.runtime.pair.check_pair`) and works out
-the parameter overrides the served repository copy gets: the two `model_dir`s, `vocab_limit`
-(the pair's real token count, so padded embedding rows are masked), the stages' `max_length`
-and the entry's `max_context` capped at the models' `max_position_embeddings`, and the
-verifier's `pair_id` (`pair_identity`, recorded in the warm-start snapshot). No weight is read:
-a pair that cannot be served fails here, with the pair check's one message, before any model
-loads. `PreparedPair.lines` are what the launcher prints, one per model and one per cap.
+`prepare_pair` reads both models' tokenizers and configs (Hugging Face checkpoints, the only
+model format: `avspec.runtime.model_dir`), runs the pair check
+(`avspec.runtime.pair.check_pair`) and works out the parameter overrides the served repository
+copy gets: the two `model_dir`s, `vocab_limit` (the pair's real token count, so padded embedding
+rows are masked), the stages' `max_length` and the entry's `max_context` capped at the models'
+`max_position_embeddings`, and the verifier's `pair_id` (`pair_identity`, recorded in the
+warm-start snapshot). No weight is read: a pair that cannot be served fails here, with the pair
+check's one message, before any model loads. `PreparedPair.lines` are what the launcher prints,
+one per model and one per cap.
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from pathlib import Path
 import torch
 
 from avspec.runtime.hf_checkpoint import read_hf_config
-from avspec.runtime.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
-from avspec.runtime.model_dir import CONFIG_FILE, is_hf_dir, load_tokenizer, read_config
-from avspec.runtime.pair import PairError, PairInfo, check_pair
-from avspec.runtime.tokenizer import ByteTokenizer, Tokenizer
+from avspec.runtime.hf_tokenizer import TOKENIZER_FILE
+from avspec.runtime.model_dir import CONFIG_FILE, check_model_dir, load_tokenizer
+from avspec.runtime.pair import PairInfo, check_pair
 from avspec.runtime.transformer import Transformer, TransformerConfig
 from avspec.serving.repository import (
     EntryParams,
@@ -118,9 +118,14 @@ def prepare_pair(
             values["model_dir"] = str(chosen[role])
         stages[role] = parse_parameters(StageParams, values)
     dirs = {role: resolve_path(root, stages[role].model_dir).resolve() for role in STAGES}
-    configs = {role: _read_config(dirs[role]) for role in STAGES}
+    for role in STAGES:  # a directory that is not a Hugging Face checkpoint: refused by name
+        check_model_dir(dirs[role])
     tokenizers = {role: load_tokenizer(dirs[role]) for role in STAGES}
-    info = _check(dirs, tokenizers, configs)
+    configs = {role: _read_config(dirs[role]) for role in STAGES}
+    info = check_pair(
+        dirs["draft"], dirs["target"], tokenizers["draft"], tokenizers["target"],
+        configs["draft"][1].vocab_size, configs["target"][1].vocab_size,
+    )  # fmt: skip
 
     ceiling = min(max_positions for _, _, max_positions in configs.values())
     entry = parse_parameters(EntryParams, params[ENTRY])
@@ -165,36 +170,9 @@ def _parameters(repository: Path, model: str) -> dict[str, str]:
 
 
 def _read_config(directory: Path) -> tuple[str, TransformerConfig, int]:
-    """(architecture, model config, max_position_embeddings) of either kind of directory."""
-    if is_hf_dir(directory):
-        spec = read_hf_config(directory)
-        return spec.architecture, spec.config, spec.max_position_embeddings
-    config = read_config(directory)
-    return "avspec-transformer", config, config.max_length
-
-
-def _check(
-    dirs: dict[str, Path],
-    tokenizers: dict[str, Tokenizer],
-    configs: dict[str, tuple[str, TransformerConfig, int]],
-) -> PairInfo:
-    draft, target = tokenizers["draft"], tokenizers["target"]
-    rows = {role: configs[role][1].vocab_size for role in STAGES}
-    if isinstance(draft, HFTokenizer) and isinstance(target, HFTokenizer):
-        return check_pair(
-            dirs["draft"], dirs["target"], draft, target, rows["draft"], rows["target"]
-        )
-    if isinstance(draft, ByteTokenizer) and isinstance(target, ByteTokenizer):
-        return PairInfo(
-            num_tokens=ByteTokenizer.vocab_size,
-            eos_ids=target.eos_ids,
-            draft_vocab_rows=rows["draft"],
-            target_vocab_rows=rows["target"],
-        )
-    raise PairError(
-        f"draft {dirs['draft']} and target {dirs['target']} do not share a vocabulary: "
-        f"one uses {TOKENIZER_FILE}, the other the byte tokenizer"
-    )
+    """(architecture, model config, max_position_embeddings) of a Hugging Face checkpoint."""
+    spec = read_hf_config(directory)
+    return spec.architecture, spec.config, spec.max_position_embeddings
 
 
 def _summary(

@@ -8,8 +8,8 @@ Integer inputs are range-checked as received, before any int32 cast, so a wide v
 rather than wrapped. `parse_client` reads the client identity from the request parameters.
 `ResponseStream` turns the scheduler's per-step reports into what one client receives: a chunk
 per step when streaming (newly completed text and that step's counts), one final chunk with the
-whole text and the totals otherwise. Both take any `Tokenizer` (the byte tokenizer or a Hugging
-Face one); `entry_tokenizer` picks the one the entry model serves with: the target model's.
+whole text and the totals otherwise. Both take a `Tokenizer`; `entry_tokenizer` picks the one the
+entry model serves with: the target model's (its Hugging Face `tokenizer.json`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 from avspec.engine.scheduler import MAX_TEMPERATURE
 from avspec.engine.sequence import GenerationRequest, StepReport
 from avspec.runtime.model_dir import load_tokenizer
-from avspec.runtime.tokenizer import ByteTokenizer, Tokenizer
+from avspec.runtime.tokenizer import Tokenizer
 from avspec.serving.repository import (
     EntryParams,
     project_root,
@@ -49,15 +49,15 @@ class RequestError(ValueError):
 def entry_tokenizer(model_directory: str | Path) -> Tokenizer:
     """The tokenizer of the entry model whose directory is `model_directory` (Triton's
     `args["model_repository"]`): `load_tokenizer` of the target model's `model_dir` parameter
-    (the sibling `target/config.pbtxt`, relative paths against the project root), or the byte
-    tokenizer when there is no such config or parameter. A `model_dir` that is neither kind of
-    model directory raises ValueError naming it."""
+    (the sibling `target/config.pbtxt`, relative paths against the project root). Raises
+    ValueError naming what is missing: the target config, its `model_dir`, or a Hugging Face
+    checkpoint with a `tokenizer.json` there."""
     config = Path(model_directory).parent / TARGET_MODEL / "config.pbtxt"
     if not config.is_file():
-        return ByteTokenizer()
+        raise ValueError(f"{config} not found: the entry model serves the target's tokenizer")
     model_dir = read_config_parameters(config.read_text()).get("model_dir", "")
     if not model_dir:
-        return ByteTokenizer()
+        raise ValueError(f"{config}: no model_dir parameter, so no tokenizer to serve with")
     return load_tokenizer(resolve_path(project_root(model_directory), model_dir))
 
 
@@ -186,9 +186,9 @@ class ResponseChunk:
 class ResponseStream:
     """Per-request response assembly from scheduler reports (see the module docstring)."""
 
-    def __init__(self, stream: bool, tokenizer: Tokenizer | None = None) -> None:
+    def __init__(self, stream: bool, tokenizer: Tokenizer) -> None:
         self.stream = stream
-        self.decoder = (tokenizer or ByteTokenizer()).incremental_decoder()
+        self.decoder = tokenizer.incremental_decoder()
         self.parts: list[str] = []
         self.drafted = self.verified = self.accepted = 0
         self.finish_reason: str | None = None

@@ -32,7 +32,7 @@ class TritonPythonModel:
             repository.EntryParams, repository.model_parameters(config)
         )
         self.input_names = [tensor["name"] for tensor in config["input"]]
-        # the target model's tokenizer (its model_dir), else the byte tokenizer
+        # the target model's tokenizer (the tokenizer.json of its model_dir)
         self.tokenizer = entry_tokenizer(args["model_repository"])
         self.live_family = pb_utils.MetricFamily(
             name=LIVE_SEQUENCES.name,

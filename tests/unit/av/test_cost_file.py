@@ -168,3 +168,15 @@ def test_shipped_file_loads() -> None:
     assert cost.draft_pass.millis == sorted(cost.draft_pass.millis)
     assert cost.verify.millis == sorted(cost.verify.millis)
     assert max(cost.verify.sizes) >= 64 * 9 and max(cost.draft_pass.sizes) >= 64
+
+
+def test_verify_to_draft_ratio_on_straight_tables():
+    """64 rows x (1 + 8) tokens: verify 2 + 0.5 * 576 ms + 0.25 ms/row, draft pass 1 + 0.1 * 64."""
+    from avspec.av.step_cost import StepCost
+
+    cost = StepCost.linear(1.0, 0.1, 2.0, 0.5, 64, 576, verify_row_ms=0.25)
+    per_token = (2.0 + 0.5 * 576 + 0.25 * 64) / 576
+    per_row = (1.0 + 0.1 * 64) / 64
+    assert abs(cost.verify_to_draft_ratio(64, 8) - per_token / per_row) < 1e-9
+    with pytest.raises(ValueError, match="rows >= 1"):
+        cost.verify_to_draft_ratio(0, 8)

@@ -190,6 +190,45 @@ def test_slope_kept_positive() -> None:
     assert est.slope.item() == pytest.approx(0.01)
 
 
+def _saturated_refits(config: EstimatorConfig, refits: int) -> AcceptanceEstimator:
+    """Drafts predicted near certain (f = 30) but rejected half the time: C_k = sum p(1 - p) is
+    tiny and the reference Newton step for b_0 is enormous."""
+    est = AcceptanceEstimator(config)
+    f = torch.full((64, 1), 30.0)
+    accepted = torch.tensor([0, 1] * 32)
+    for _ in range(refits):
+        est.observe(f, est.predict(f), torch.ones(64, dtype=torch.long), accepted)
+        est.refit()
+    return est
+
+
+def test_a_refit_moves_coefficients_at_most_max_step_and_stays_in_bounds() -> None:
+    from avspec.av.estimator import MAX_ABS_INTERCEPT, MAX_SLOPE
+
+    config = EstimatorConfig(num_positions=1, initial_slope=1.0, initial_intercept=0.0)
+    one = _saturated_refits(config, 1)
+    assert abs(one.intercepts.item()) <= config.max_step + 1e-6
+    assert abs(one.slope.item() - 1.0) <= config.max_step + 1e-6
+    many = _saturated_refits(config, 200)
+    assert config.min_slope <= many.slope.item() <= MAX_SLOPE
+    assert abs(many.intercepts.item()) <= MAX_ABS_INTERCEPT
+    # It keeps learning: predictions come back to the observed 50 % instead of sticking at 0/1.
+    assert 0.2 < many.predict(torch.full((1, 1), 30.0)).item() < 0.8
+
+
+def test_the_uncapped_reference_step_is_what_the_cap_prevents() -> None:
+    """With max_step = inf (the reference step) the same statistics throw b_0 to the bound and
+    the fit swings between p = 0 and p = 1 for ever instead of finding 50 %."""
+    from avspec.av.estimator import MAX_ABS_INTERCEPT
+
+    config = EstimatorConfig(
+        num_positions=1, initial_slope=1.0, initial_intercept=0.0, max_step=float("inf")
+    )
+    assert abs(_saturated_refits(config, 1).intercepts.item()) == MAX_ABS_INTERCEPT
+    stuck = _saturated_refits(config, 200).predict(torch.full((1, 1), 30.0)).item()
+    assert not 0.2 < stuck < 0.8
+
+
 def test_window_calibration() -> None:
     est = AcceptanceEstimator(EstimatorConfig(num_positions=2))
     assert est.window_calibration()["labels"] == 0.0  # before any refit: NaN rates

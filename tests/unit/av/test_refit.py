@@ -20,13 +20,13 @@ def _random_stats(k: int = 4, batch: int = 300, seed: int = 0) -> SufficientStat
 
 
 def _dense_step(stats: SufficientStats, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Solve the full (K+1)x(K+1) Newton system, ridge on the slope's diagonal entry."""
+    """Solve the full (K+1)x(K+1) Newton system, ridge on every diagonal entry (spec 3)."""
     k = stats.num_positions
     h = torch.zeros(k + 1, k + 1, dtype=torch.float64)
     h[0, 0] = stats.A.sum() + ridge
     h[0, 1:] = stats.B
     h[1:, 0] = stats.B
-    h[1:, 1:] = torch.diag(stats.C)
+    h[1:, 1:] = torch.diag(stats.C + ridge)
     g = torch.cat([stats.G0.sum().view(1), stats.G1])
     theta = torch.linalg.solve(h, g)
     return theta[0], theta[1:]

@@ -9,13 +9,12 @@ import numpy as np
 import pytest
 import torch
 from helpers.client_scripts import load_client_script
+from helpers.hf_dirs import llama_form_config, save_transformer_dir
 
 from avspec.av.cost_file import save_step_cost
 from avspec.av.cost_table import CostTable
 from avspec.av.step_cost import StepCost
-from avspec.runtime.model_dir import save_model_dir
-from avspec.runtime.tokenizer import ByteTokenizer
-from avspec.runtime.transformer import Transformer, TransformerConfig
+from avspec.runtime.transformer import Transformer
 from avspec.tools.features_zoo import ZOO_FEATURES
 
 collect_drafts = load_client_script("collect_drafts")
@@ -26,7 +25,7 @@ eval_estimator = load_client_script("eval_estimator")
 def drafts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("drafts")
     torch.manual_seed(0)  # test code: Transformer initialises from the global generator
-    config = TransformerConfig(num_layers=1, width=32, num_heads=2, max_length=128)
+    config = llama_form_config(num_layers=1, width=32, max_length=128)
     target, draft = Transformer(config), Transformer(config)
     with torch.no_grad():  # random init copies its input; larger blocks make it less certain
         for model in (target, draft):
@@ -35,8 +34,8 @@ def drafts(tmp_path_factory: pytest.TempPathFactory) -> Path:
                     p.mul_(6.0)
         for t, d in zip(target.parameters(), draft.parameters(), strict=True):
             d.copy_(t + 0.3 * t.std().clamp_min(1e-3) * torch.randn(t.shape))
-    save_model_dir(tmp / "target", target, ByteTokenizer())
-    save_model_dir(tmp / "draft", draft, ByteTokenizer())
+    save_transformer_dir(tmp / "target", target)  # Hugging Face checkpoints, byte-level tokenizer
+    save_transformer_dir(tmp / "draft", draft)
     (tmp / "w").mkdir()
     for name in ("code", "prose"):
         lines = [json.dumps({"prompt": f"{name} prompt {i}: "}) for i in range(4)]

@@ -10,14 +10,13 @@ import copy
 
 import pytest
 import torch
+from helpers.hf_dirs import save_transformer_dir
 from helpers.stages import K, perturbed, tiny_model
 
 from avspec.av.step_cost import StepCost
 from avspec.engine.scheduler import Scheduler, generate
 from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
-from avspec.runtime.model_dir import save_model_dir
-from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.runtime.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -139,17 +138,19 @@ def test_failing_sequence_is_isolated_with_real_stages(pair, references) -> None
     assert scheduler.counters.step_failures >= 1
 
 
-def test_from_model_dirs(tmp_path, pair) -> None:
-    target, draft = pair
-    save_model_dir(tmp_path / "target", target, ByteTokenizer())
-    save_model_dir(tmp_path / "draft", draft, ByteTokenizer())
+def test_from_model_dirs(tmp_path) -> None:
+    """A Llama-form pair saved as Hugging Face checkpoints (save_hf_model) loads into a step."""
+    target = tiny_model(20, layers=2, width=32, mlp="swiglu", norm_eps=1e-5)
+    draft = perturbed(target, 0.3, seed=5)
+    save_transformer_dir(tmp_path / "target", target)
+    save_transformer_dir(tmp_path / "draft", draft)
     step = SpeculativeStep.from_model_dirs(tmp_path / "target", tmp_path / "draft", K, 4, 64)
     out = generate(
         step,
         [GenerationRequest(PROMPTS[0], 6, temperature=0.0, num_draft_tokens=K)],
         max_context=64,
     )
-    # the directory holds float32 weights: compare with a float32 copy, the fixture's stays float64
+    # the directory holds float32 weights: compare with a float32 copy of the float64 target
     assert out == [greedy_reference(copy.deepcopy(target).float(), PROMPTS[0], 6)]
 
 

@@ -189,7 +189,7 @@ def report(tokens: list[int], drafted: int = 2, finished: bool = False) -> StepR
 
 
 def test_stream_sends_each_step_with_complete_characters() -> None:
-    stream = ResponseStream(stream=True)
+    stream = ResponseStream(stream=True, tokenizer=TOKENIZER)
     euro = list("€".encode())  # three bytes split across two steps
     first = stream.on_step(report([ord("a"), euro[0]]))
     second = stream.on_step(report(euro[1:], finished=True))
@@ -198,7 +198,7 @@ def test_stream_sends_each_step_with_complete_characters() -> None:
 
 
 def test_non_stream_sends_once_with_totals() -> None:
-    stream = ResponseStream(stream=False)
+    stream = ResponseStream(stream=False, tokenizer=TOKENIZER)
     assert stream.on_step(report([ord("a")])) is None
     final = stream.on_step(report([ord("b"), 256], drafted=3, finished=True))
     assert (final.text, final.drafted, final.verified, final.accepted) == ("ab", 5, 4, 2)
@@ -252,12 +252,19 @@ def test_entry_tokenizer_is_the_targets(tmp_path, hf_tokenizer_dir) -> None:
     entry = write_entry_repository(tmp_path / "hf", param.format(hf_tokenizer_dir))
     tokenizer = entry_tokenizer(entry)
     assert isinstance(tokenizer, HFTokenizer) and tokenizer.eos_ids == {1}
-    # no model_dir, or no target config: today's byte tokenizer
-    assert isinstance(entry_tokenizer(write_entry_repository(tmp_path / "none", "")), ByteTokenizer)
-    assert isinstance(entry_tokenizer(tmp_path / "elsewhere/model_repository/x"), ByteTokenizer)
+    # no model_dir, or no target config: an error naming what is missing, no fallback
+    with pytest.raises(ValueError, match="no model_dir parameter"):
+        entry_tokenizer(write_entry_repository(tmp_path / "none", ""))
+    with pytest.raises(ValueError, match="target/config.pbtxt not found"):
+        entry_tokenizer(tmp_path / "elsewhere/model_repository/x")
     # a relative model_dir resolves against the project root; a bad one names the directory
     entry = write_entry_repository(tmp_path / "bad", param.format("models/missing"))
     with pytest.raises(ValueError, match="models/missing"):
         entry_tokenizer(entry)
-    # the repository's own target: the byte-tokenizer pair
-    assert isinstance(entry_tokenizer(ROOT / "model_repository/speculative"), ByteTokenizer)
+    # a directory of the retired format: refused by name
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "config.json").write_text(json.dumps({"format": "avspec-transformer", "version": 1}))
+    entry = write_entry_repository(tmp_path / "retired", param.format(old))
+    with pytest.raises(ValueError, match="retired format"):
+        entry_tokenizer(entry)

@@ -12,11 +12,10 @@ from collections.abc import Callable
 import pytest
 import torch
 from helpers import ROOT
+from helpers.hf_dirs import save_transformer_dir
 from helpers.stages import tiny_model
 
 from avspec.av.cost_file import FORMAT, load_step_cost
-from avspec.runtime.model_dir import save_model_dir
-from avspec.runtime.tokenizer import ByteTokenizer
 from avspec.tools.profiler import (
     CostPoints,
     fit_tokens_and_rows,
@@ -151,9 +150,9 @@ def run_cli(monkeypatch: pytest.MonkeyPatch, *args: str) -> None:
 
 
 def test_cli_writes_step_cost_file(tmp_path, monkeypatch, capsys) -> None:
-    model = tiny_model(4, layers=1).float()
+    model = tiny_model(4, layers=1, mlp="swiglu", norm_eps=1e-5).float()  # Llama form
     for name in ("target", "draft"):
-        save_model_dir(tmp_path / name, model, ByteTokenizer())
+        save_transformer_dir(tmp_path / name, model)
     out, png = tmp_path / "costs.json", tmp_path / "plot" / "costs.png"
     run_cli(
         monkeypatch,

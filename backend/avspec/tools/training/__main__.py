@@ -1,8 +1,15 @@
 """Train the default draft/target pair on the Python standard library and its pydoc topics.
 
-The command line of `avspec.tools.training` (`make models`): train the draft, train the target,
-then report on both saved models and write `training_log.json` and `MODEL_CARD.md`; `--only`
-runs one of the three phases.
+The command line of `avspec.tools.training` (`make models`), in four phases:
+
+1. a byte-level BPE tokenizer (`bpe.train_split_tokenizer`) on the train split;
+2. the target, trained on the text;
+3. the draft, distilled from the saved target (`train.train_model` with a teacher);
+4. a report on both saved models: `training_log.json` and `MODEL_CARD.md`.
+
+Both models are written as `LlamaForCausalLM` checkpoints (bf16 weights, the tokenizer files
+alongside) that `transformers` and the served runtime load alike. `--only` runs one of the
+phases 2-4 (the tokenizer is retrained every run: it is deterministic and takes a second).
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -17,30 +25,55 @@ from pathlib import Path
 
 import torch
 
-from avspec.runtime.model_dir import load_model_dir, save_model_dir
-from avspec.runtime.tokenizer import ByteTokenizer
+from avspec.runtime.hf_checkpoint import save_hf_model
+from avspec.runtime.hf_tokenizer import HFTokenizer
+from avspec.runtime.model_dir import load_model
+from avspec.tools.training.bpe import save_tokenizer, train_split_tokenizer
 from avspec.tools.training.corpus import corpus_files, encode_files, split_files
-from avspec.tools.training.evaluate import report
+from avspec.tools.training.evaluate import report, token_byte_lengths
 from avspec.tools.training.model_card import model_card
-from avspec.tools.training.train import DRAFT_CONFIG, TARGET_CONFIG, TrainSettings, train_model
+from avspec.tools.training.train import (
+    DRAFT_CONFIG,
+    MAX_LENGTH,
+    TARGET_CONFIG,
+    TrainSettings,
+    train_model,
+)
+
+SAVE_DTYPE = torch.bfloat16  # halves the committed weights; the runtime loads them as fp32
+PHASES = ("target", "draft", "report")
 
 
-def train_and_save(name: str, args: argparse.Namespace, corpus: dict) -> None:
-    """Train one model of the pair and write `out/<name>` plus its `training.json` log."""
-    config, settings, seed = {
-        "draft": (DRAFT_CONFIG, TrainSettings(args.draft_steps, lr=3e-3), args.seed + 100),
-        "target": (TARGET_CONFIG, TrainSettings(args.target_steps), args.seed),
+def settings_for(name: str, args: argparse.Namespace) -> tuple:
+    """(config, settings, seed) of one model of the pair."""
+    return {
+        "target": (TARGET_CONFIG, TrainSettings(args.target_steps, batch=8, seq=512), args.seed),
+        "draft": (
+            DRAFT_CONFIG,
+            TrainSettings(args.draft_steps, batch=8, seq=512, lr=3e-3),
+            args.seed + 100,
+        ),
     }[name]
+
+
+def train_and_save(name: str, args: argparse.Namespace, corpus: dict, tokenizer_dir: Path) -> None:
+    """Train one model of the pair and write `out/<name>` plus its `training.json` log; the
+    draft is distilled from the saved target."""
+    config, settings, seed = settings_for(name, args)
+    teacher = load_model(args.out / "target") if name == "draft" else None
     start = time.perf_counter()
     model, curve = train_model(
-        config, settings, corpus["train_ids"], corpus["held_out_ids"], seed, name
-    )
-    save_model_dir(args.out / name, model, ByteTokenizer())
+        config, settings, corpus["train_ids"], corpus["held_out_ids"], seed, name,
+        teacher=teacher, byte_lengths=corpus["byte_lengths"],
+    )  # fmt: skip
+    save_hf_model(model, args.out / name, tokenizer_dir, dtype=SAVE_DTYPE)
     log = {
         "config": config.to_dict(),
         "settings": asdict(settings),
+        "distilled_from": "target" if teacher is not None else None,
         "seed": seed,
         "threads": args.threads,
+        "saved_dtype": str(SAVE_DTYPE).removeprefix("torch."),
         "parameters": model.num_parameters(),
         "train_seconds": time.perf_counter() - start,
         "curve": curve,
@@ -54,37 +87,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=Path("models"), help="output directory")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--target-steps", type=int, default=800)
-    parser.add_argument("--draft-steps", type=int, default=1500)
+    parser.add_argument("--target-steps", type=int, default=600)
+    parser.add_argument("--draft-steps", type=int, default=800)
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch intra-op threads (1: robust when shared)"
-    )
-    parser.add_argument(
-        "--only",
-        choices=("draft", "target", "report"),
-        help="run one phase (train draft, train target, or report on both saved models)",
-    )
+        "--threads", type=int, default=2, help="torch intra-op threads (the run is reproducible "
+        "for one thread count)",
+    )  # fmt: skip
+    parser.add_argument("--only", choices=PHASES, help="run one phase (the target first)")
     return parser.parse_args(argv)
 
 
 def write_report(out: Path, seed: int, train: list, held_out: list, corpus: dict) -> dict:
     """Evaluate both saved models; write `training_log.json` and `MODEL_CARD.md`; return the log."""
-    draft, _ = load_model_dir(out / "draft")
-    target, _ = load_model_dir(out / "target")
+    draft, target = load_model(out / "draft"), load_model(out / "target")
+    tokenizer = HFTokenizer.from_directory(out / "target")
     log = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "corpus": {
             "train_files": len(train),
             "held_out_files": len(held_out),
-            "train_bytes": len(corpus["train_ids"]),
-            "held_out_bytes": len(corpus["held_out_ids"]),
+            "train_bytes": sum(len(t.encode("utf-8")) for _, t in train),
+            "held_out_bytes": sum(len(t.encode("utf-8")) for _, t in held_out),
+            "train_tokens": len(corpus["train_ids"]),
+            "held_out_tokens": len(corpus["held_out_ids"]),
+            "vocab_size": tokenizer.vocab_size,
         },
         "models": {
             name: json.loads((out / name / "training.json").read_text())
-            for name in ("draft", "target")
+            for name in ("target", "draft")
         },
-        "report": report(draft, target, held_out, seed),
+        "report": report(draft, target, held_out, seed, tokenizer),
     }
     (out / "training_log.json").write_text(json.dumps(log, indent=2) + "\n")
     (out / "MODEL_CARD.md").write_text(model_card(out, log))
@@ -94,15 +127,18 @@ def write_report(out: Path, seed: int, train: list, held_out: list, corpus: dict
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    tokenizer = ByteTokenizer()
     train, held_out = split_files(corpus_files())
-    corpus = {
-        "train_ids": encode_files(train, tokenizer),
-        "held_out_ids": encode_files(held_out, tokenizer),
-    }
-    for name in ("draft", "target"):
-        if args.only in (None, name):
-            train_and_save(name, args, corpus)
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer_dir = save_tokenizer(train_split_tokenizer(train), scratch, MAX_LENGTH)
+        tokenizer = HFTokenizer.from_directory(tokenizer_dir)
+        corpus = {
+            "train_ids": encode_files(train, tokenizer),
+            "held_out_ids": encode_files(held_out, tokenizer),
+            "byte_lengths": token_byte_lengths(tokenizer),
+        }
+        for name in ("target", "draft"):
+            if args.only in (None, name):
+                train_and_save(name, args, corpus, tokenizer_dir)
     if args.only in (None, "report"):
         log = write_report(args.out, args.seed, train, held_out, corpus)
         print(json.dumps(log["report"], indent=2))

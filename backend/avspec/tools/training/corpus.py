@@ -2,7 +2,7 @@
 
 Files are (name, text) pairs; a pydoc topic is named `TOPICS_PREFIX + key`. The split is
 deterministic (sha256 of the name, one bucket of HELD_OUT_BUCKETS held out) and both parts must
-hold code and prose. Files are joined with EOS into one byte-token stream.
+hold code and prose. Files are joined with EOS into one token stream.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pydoc_data.topics import topics as pydoc_topics
 
 import torch
 
-from avspec.runtime.tokenizer import ByteTokenizer
+from avspec.runtime.tokenizer import ByteTokenizer, Tokenizer
 
 TOPICS_PREFIX = "pydoc_data/topics.py:"
 HELD_OUT_BUCKETS = 10  # one bucket of ten is held out
@@ -46,20 +46,27 @@ def split_files(files: Sequence[tuple[str, str]]) -> tuple[list, list]:
     return train, held_out
 
 
-def encode_files(files: Sequence[tuple[str, str]], tokenizer: ByteTokenizer) -> torch.Tensor:
-    """Join files with EOS into one token stream [tokens] int64."""
+def encode_files(files: Sequence[tuple[str, str]], tokenizer: Tokenizer) -> torch.Tensor:
+    """Join files with EOS (the tokenizer's lowest EOS id) into one token stream [tokens]
+    int64."""
+    eos = min(tokenizer.eos_ids)
     ids: list[int] = []
     for _, text in files:
         ids += tokenizer.encode(text)
-        ids.append(tokenizer.eos_id)
+        ids.append(eos)
     return torch.tensor(ids, dtype=torch.int64)
 
 
 def heldout_prompts(
-    files: Sequence[tuple[str, str]], count: int, length: int, prose: bool
+    files: Sequence[tuple[str, str]],
+    count: int,
+    length: int,
+    prose: bool,
+    tokenizer: Tokenizer | None = None,
 ) -> torch.Tensor:
-    """`count` prompts [count, length] of held-out code (prose=False) or prose, evenly spaced."""
+    """`count` prompts [count, length] tokens of held-out code (prose=False) or prose, evenly
+    spaced; the tokenizer defaults to the byte tokenizer."""
     chosen = [f for f in files if f[0].startswith(TOPICS_PREFIX) == prose]
-    ids = encode_files(chosen, ByteTokenizer())
+    ids = encode_files(chosen, ByteTokenizer() if tokenizer is None else tokenizer)
     stride = (len(ids) - length) // count
     return torch.stack([ids[i * stride : i * stride + length] for i in range(count)])

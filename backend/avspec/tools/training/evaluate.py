@@ -14,11 +14,15 @@ import torch
 import torch.nn.functional as F
 
 from avspec.engine.sampling import warp_probs
-from avspec.runtime.tokenizer import ByteTokenizer
+from avspec.runtime.tokenizer import ByteTokenizer, Tokenizer
 from avspec.runtime.transformer import Transformer
 from avspec.tools.training.corpus import encode_files, heldout_prompts
 
 SAMPLE_PROMPTS = {"python": "def parse_args(argv):\n", "english": "The with statement is used to "}
+SAMPLE_TOKENS = 48
+# The README's example prompts, continued greedily (a degenerate model repeats itself here).
+GREEDY_PROMPTS = ("import os\n", "def fib(n):", "The with statement")
+GREEDY_TOKENS = 24
 
 
 def eval_windows(ids: torch.Tensor, seq: int, max_windows: int) -> torch.Tensor:
@@ -29,17 +33,41 @@ def eval_windows(ids: torch.Tensor, seq: int, max_windows: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def bits_per_byte(model: Transformer, ids: torch.Tensor, seq: int, max_windows: int = 256) -> float:
-    """Mean next-token loss in bits over evenly spaced non-overlapping windows of ids [tokens]."""
+def bits_per_byte(
+    model: Transformer,
+    ids: torch.Tensor,
+    seq: int,
+    max_windows: int = 256,
+    byte_lengths: torch.Tensor | None = None,
+) -> float:
+    """Next-token loss in bits per byte over evenly spaced non-overlapping windows of ids
+    [tokens]: the bits summed over the predicted tokens, divided by the UTF-8 bytes they spell
+    (`byte_lengths` [vocab], `token_byte_lengths`; None: one byte per token)."""
     windows = eval_windows(ids, seq, max_windows)
-    count = len(windows)
-    total = 0.0
+    bits, num_bytes = 0.0, 0
     for chunk in windows.split(32):  # (rows, seq + 1)
         logits = model(chunk[:, :-1])
-        total += F.cross_entropy(
-            logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum"
-        ).item()
-    return total / (count * seq) / math.log(2)
+        predicted = chunk[:, 1:].flatten()
+        bits += F.cross_entropy(logits.flatten(0, 1), predicted, reduction="sum").item()
+        lengths = byte_lengths[predicted] if byte_lengths is not None else predicted.new_ones(1)
+        num_bytes += int(lengths.sum()) if byte_lengths is not None else predicted.numel()
+    return bits / num_bytes / math.log(2)
+
+
+def token_byte_lengths(tokenizer: Tokenizer) -> torch.Tensor:
+    """UTF-8 bytes each token id spells [vocab] int64: an end-of-text token counts one byte
+    (as in the byte-level pair, where EOS is one symbol)."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return torch.ones(tokenizer.vocab_size, dtype=torch.int64)
+    lengths = []
+    for i in range(tokenizer.vocab_size):
+        if i in tokenizer.eos_ids:
+            lengths.append(1)
+            continue
+        piece = tokenizer.token(i)
+        # A byte-level BPE piece spells one byte per character (pre_tokenizers.ByteLevel).
+        lengths.append(len(piece) if piece is not None else 0)
+    return torch.tensor(lengths, dtype=torch.int64)
 
 
 def distillation_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
@@ -109,39 +137,61 @@ def acceptance_by_position(
 
 
 @torch.no_grad()
-def sample(model: Transformer, prompt: str, num_bytes: int, generator: torch.Generator) -> str:
-    """Sample `num_bytes` continuation bytes at temperature 1, top-p 0.95 (full recompute)."""
-    tokenizer = ByteTokenizer()
+def sample(
+    model: Transformer,
+    prompt: str,
+    num_tokens: int,
+    generator: torch.Generator | None,
+    tokenizer: Tokenizer | None = None,
+    temperature: float = 1.0,
+) -> str:
+    """Prompt plus up to `num_tokens` continuation tokens at `temperature` (0: greedy), top-p
+    0.95 (full recompute); stops at an EOS. The tokenizer defaults to the byte tokenizer."""
+    tokenizer = ByteTokenizer() if tokenizer is None else tokenizer
     ids = torch.tensor([tokenizer.encode(prompt)])
-    for _ in range(num_bytes):
-        probs = warp(model(ids[:, -model.config.max_length :])[:, -1], 1.0, 0.95)
+    for _ in range(num_tokens):
+        probs = warp(model(ids[:, -model.config.max_length :])[:, -1], temperature, 0.95)
         token = torch.multinomial(probs, 1, generator=generator)
-        if int(token) == tokenizer.eos_id:
+        if int(token) in tokenizer.eos_ids:
             break
         ids = torch.cat([ids, token], dim=1)
     return tokenizer.decode(ids[0].tolist())
 
 
 def report(
-    draft: Transformer, target: Transformer, held_out: Sequence[tuple[str, str]], seed: int
+    draft: Transformer,
+    target: Transformer,
+    held_out: Sequence[tuple[str, str]],
+    seed: int,
+    tokenizer: Tokenizer,
+    prompt_tokens: int = 40,
 ) -> dict:
-    """Held-out bits/byte, acceptance curves (code, prose) and samples of both models."""
-    held_out_ids = encode_files(held_out, ByteTokenizer())
+    """Held-out bits/byte, acceptance curves (code, prose; prompts of `prompt_tokens`), sampled
+    and greedy continuations of both models."""
+    held_out_ids = encode_files(held_out, tokenizer)
+    lengths = token_byte_lengths(tokenizer)
     result = {
         "held_out_bpb": {
-            "target": bits_per_byte(target, held_out_ids, 256),
-            "draft": bits_per_byte(draft, held_out_ids, 256),
+            name: bits_per_byte(model, held_out_ids, 256, byte_lengths=lengths)
+            for name, model in (("target", target), ("draft", draft))
         },
         "acceptance_by_position": {},
         "samples": {},
+        "greedy": {},
     }
     for kind, prose in (("code", False), ("prose", True)):
-        prompts = heldout_prompts(held_out, 200, 128, prose)
+        prompts = heldout_prompts(held_out, 200, prompt_tokens, prose, tokenizer)
         gen = torch.Generator().manual_seed(seed)
         result["acceptance_by_position"][kind] = acceptance_by_position(
             draft, target, prompts, generator=gen
         )
     for name, model in (("target", target), ("draft", draft)):
         gen = torch.Generator().manual_seed(seed)
-        result["samples"][name] = {k: sample(model, p, 160, gen) for k, p in SAMPLE_PROMPTS.items()}
+        result["samples"][name] = {
+            k: sample(model, p, SAMPLE_TOKENS, gen, tokenizer) for k, p in SAMPLE_PROMPTS.items()
+        }
+        result["greedy"][name] = {
+            p: sample(model, p, GREEDY_TOKENS, None, tokenizer, temperature=0.0)
+            for p in GREEDY_PROMPTS
+        }
     return result

@@ -2,7 +2,8 @@
 
 The default pair's shapes are TARGET_CONFIG and DRAFT_CONFIG. A run is fixed by its
 `TrainSettings` and seed (never wall time): the seed initialises the weights and seed + 1 draws
-the training windows. Every 250 steps, and at the last, the held-out bits/byte is logged.
+the training windows. Every 250 steps, and at the last, the held-out bits/byte is logged (bits
+over the UTF-8 bytes the predicted tokens spell, so byte and BPE models compare).
 
 Distillation: given a `teacher` (the target), `train_model` trains on the teacher's
 distribution, the practice for speculative drafters: the loss is
@@ -26,8 +27,18 @@ from tqdm import tqdm
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
 from avspec.tools.training.evaluate import bits_per_byte, distillation_kl, held_out_kl
 
-TARGET_CONFIG = TransformerConfig(num_layers=4, width=256, num_heads=4)
-DRAFT_CONFIG = TransformerConfig(num_layers=1, width=96, num_heads=2)
+VOCAB_SIZE = 4096  # the byte-level BPE of `avspec.tools.training.bpe`
+MAX_LENGTH = 512  # max_position_embeddings: the entry's default max_context
+_LLAMA = {"vocab_size": VOCAB_SIZE, "max_length": MAX_LENGTH, "mlp": "swiglu", "norm_eps": 1e-5}
+# Standard LlamaForCausalLM shapes (SwiGLU, RMSNorm, RoPE, tied embeddings, grouped-query
+# attention with one key/value head). The target is sized for a verify cost per token several
+# times the draft's per row (docs/benchmarks.md has the measured ratio).
+TARGET_CONFIG = TransformerConfig(
+    num_layers=6, width=320, num_heads=5, num_kv_heads=1, intermediate_size=864, **_LLAMA
+)
+DRAFT_CONFIG = TransformerConfig(
+    num_layers=1, width=64, num_heads=2, num_kv_heads=1, intermediate_size=172, **_LLAMA
+)
 
 
 @dataclass(frozen=True)
@@ -91,10 +102,12 @@ def train_model(
     seed: int,
     label: str,
     teacher: Transformer | None = None,
+    byte_lengths: torch.Tensor | None = None,
 ) -> tuple[Transformer, list[dict]]:
     """Train from scratch on random windows of `train_ids` [tokens]; return model and log.
 
-    With `teacher`, distil from it (see the module docstring).
+    With `teacher`, distil from it (see the module docstring). `byte_lengths` [vocab]: UTF-8
+    bytes per token id, for the held-out bits/byte (None: one byte per token).
     """
     check_teacher(config, teacher)
     init_gen = torch.Generator().manual_seed(seed)
@@ -118,9 +131,11 @@ def train_model(
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        bar.set_postfix(bits_per_byte=f"{parts['text'] / math.log(2):.3f}", refresh=False)
+        bar.set_postfix(bits_per_token=f"{parts['text'] / math.log(2):.3f}", refresh=False)
         if (step + 1) % 250 == 0 or step + 1 == settings.steps:
-            log.append(log_entry(model, step + 1, parts, eval_ids, settings.seq, teacher))
+            log.append(
+                log_entry(model, step + 1, parts, eval_ids, settings.seq, teacher, byte_lengths)
+            )
             tqdm.write(
                 f"{label} step {step + 1}: held-out {log[-1]['held_out_bpb']:.3f} bits/byte",
                 file=sys.stderr,
@@ -135,12 +150,14 @@ def log_entry(
     eval_ids: torch.Tensor,
     seq: int,
     teacher: Transformer | None,
+    byte_lengths: torch.Tensor | None = None,
 ) -> dict:
-    """One log line: training and held-out bits/byte, and with a teacher the KL to it (nats)."""
+    """One log line: training bits/token, held-out bits/byte, and with a teacher the KL to it
+    (nats per token)."""
     entry = {
         "step": step,
-        "train_bpb": parts["text"] / math.log(2),
-        "held_out_bpb": bits_per_byte(model, eval_ids, seq, max_windows=32),
+        "train_bits_per_token": parts["text"] / math.log(2),
+        "held_out_bpb": bits_per_byte(model, eval_ids, seq, 32, byte_lengths),
     }
     if teacher is not None:
         entry["train_kl"] = parts["kl"]

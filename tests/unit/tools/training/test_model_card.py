@@ -5,19 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from avspec.runtime.model_dir import save_model_dir
-from avspec.runtime.tokenizer import ByteTokenizer
-from avspec.runtime.transformer import Transformer, TransformerConfig
+from helpers.hf_dirs import llama_form_config, save_transformer_dir
+
+from avspec.runtime.transformer import Transformer
 from avspec.tools.training.model_card import model_card
 
-TINY = TransformerConfig(num_layers=1, width=16, num_heads=2, max_length=64)
+TINY = llama_form_config(num_layers=1, width=16, num_heads=2, max_length=64)
 MODELS = Path(__file__).resolve().parents[4] / "models"
 
 
 def test_model_card_lists_both_models_and_the_curve(tmp_path):
     models = {}
     for name in ("draft", "target"):
-        save_model_dir(tmp_path / name, Transformer(TINY).eval(), ByteTokenizer())
+        save_transformer_dir(tmp_path / name, Transformer(TINY).eval())
         models[name] = {"config": TINY.to_dict(), "parameters": 1234, "train_seconds": 90.0,
                         "settings": {"steps": 10, "batch": 2, "seq": 16}}  # fmt: skip
     log = {
@@ -37,7 +37,7 @@ def test_model_card_lists_both_models_and_the_curve(tmp_path):
         },
     }
     card = model_card(tmp_path, log)
-    assert "| target | 1 | 16 | 2 | 1,234 |" in card and "| 2.000 |" in card
+    assert "| target | 1 | 16 | 2 (2) | swiglu 64 | 1,234 |" in card and "| 2.000 |" in card
     assert "| code | 0.700 |" in card and "def f():" in card
 
 
