@@ -157,7 +157,7 @@ def run_phase(
         record = pending[response.id]
         if response.outputs:
             record.chunk_times.append(t)
-            record.chunk_tokens.append(len(result.as_numpy("text_output")[0]))
+            record.chunk_tokens.append(len(result.as_numpy("output_ids")))
             record.drafted += int(result.as_numpy("drafted_tokens")[0])
             record.verified += int(result.as_numpy("verified_tokens")[0])
             record.accepted += int(result.as_numpy("accepted_tokens")[0])

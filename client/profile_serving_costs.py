@@ -16,9 +16,10 @@ verification off (so every draft is verified and a step's work is known), and pe
 - sequences per step = delta av_step_batch_size_sum / delta av_step_batch_size_count;
 - target tokens per step = (sequences + delta av_verified_tokens_total + prompt tokens) / steps.
 
-Prompts are cut to --prompt-bytes (byte tokenizer: one token per byte) so that prefill, which
-the target and draft run inside the first step of each sequence, stays a small share; its tokens
-are still counted. Requests are long (--max-tokens 64) so the batch is full most of the time.
+Prompts are cut to --prompt-bytes so that prefill, which the target and draft run inside the
+first step of each sequence, stays a small share; its tokens are still counted, with the served
+pair's tokenizer (--tokenizer: the target's model directory). Requests are long
+(--max-tokens 64) so the batch is full most of the time.
 
 Tables (avspec.av.step_cost.StepCost, written with avspec.av.cost_file.save_step_cost):
 - verify: target ms by target tokens per step, every point, weighted by its steps;
@@ -62,6 +63,7 @@ from tqdm import tqdm
 from avspec.av.cost_file import load_step_cost, save_step_cost
 from avspec.av.cost_table import CostTable
 from avspec.av.step_cost import StepCost
+from avspec.runtime.model_dir import load_tokenizer
 from avspec.serving.metrics import metric_value, parse_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -236,6 +238,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--draft-tokens", default="0,2,8", help="comma list of K; max = full K")
     parser.add_argument("--max-tokens", type=int, default=64, help="tokens per request")
     parser.add_argument("--prompt-bytes", type=int, default=16, help="prompts cut to this")
+    parser.add_argument(
+        "--tokenizer", type=Path, default=ROOT / "models" / "target",
+        help="model directory whose tokenizer.json counts the prompt tokens (the served target)",
+    )  # fmt: skip
     parser.add_argument("--workload", type=Path, default=ROOT / "workloads" / "code.jsonl")
     parser.add_argument("--out", type=Path, required=True, help="step-cost JSON to write")
     parser.add_argument(
@@ -265,6 +271,11 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as err:
             print(f"error: --check: {err}", file=sys.stderr)
             return 2
+    try:
+        tokenizer = load_tokenizer(args.tokenizer)
+    except ValueError as err:
+        print(f"error: --tokenizer: {err}", file=sys.stderr)
+        return 2
     lines = args.workload.read_text(encoding="utf-8").splitlines()
     cut = [json.loads(line)["prompt"].encode()[: args.prompt_bytes] for line in lines]
     prompts = [p.decode(errors="ignore") for p in cut[: max(args.concurrency)]]
@@ -281,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             generate_concurrently(args.http_url, prompts[:c], args.max_tokens, k)
             after = counters(scrape(args.metrics_url), *models)
-            prompt_tokens = sum(len(p.encode()) for p in prompts[:c])
+            prompt_tokens = sum(len(tokenizer.encode(p)) for p in prompts[:c])
             points.append({"concurrency": c, "seconds": time.perf_counter() - start,
                            **point(before, after, k, prompt_tokens)})  # fmt: skip
         cost = step_cost_from_points(points)

@@ -154,4 +154,5 @@ def start_test_server(tmp: Path) -> ServerProcess:
         print(log.read_text()[-6000:])
         raise
     process.snapshot_path = tmp / "estimator_snapshot.json"
+    process.target_dir = target_dir
     return process

@@ -16,7 +16,7 @@ def test_cost_tables_from_triton_metrics(server, tmp_path: Path):
     rc = load_profile_serving_costs().main([
         "--http-url", server.http_url, "--metrics-url", server.metrics_url,
         "--concurrency", "1,3", "--draft-tokens", "0,4", "--max-tokens", "6",
-        "--out", str(out),
+        "--tokenizer", str(server.target_dir), "--out", str(out),
     ])  # fmt: skip
     assert rc == 0
     document = json.loads(out.read_text())

@@ -22,6 +22,7 @@ from helpers.clients import (
 from helpers.server import ADMIN_KEY, K, all_freed, scrape, wait_for
 from tritonclient.utils import InferenceServerException
 
+from avspec.runtime.hf_tokenizer import HFTokenizer
 from avspec.serving.metrics import metric_value
 from avspec.serving.server_process import ServerProcess
 
@@ -49,6 +50,15 @@ def test_curl_style_generate_stream(server: ServerProcess) -> None:
     once = http_generate(server.http_url, text_input="def ", max_tokens=24, temperature=0.0)
     assert text == once.text
     assert sum(e["drafted_tokens"] for e in events) > 0
+    # output_ids: the token ids of each response, which decode to the response's text (Triton's
+    # /generate JSON writes a one-element output as a bare number)
+    per_event = [e["output_ids"] if isinstance(e["output_ids"], list) else [e["output_ids"]]
+                 for e in events]  # fmt: skip
+    ids = [i for event_ids in per_event for i in event_ids]
+    assert len(ids) == 24 and HFTokenizer.from_directory(server.target_dir).decode(ids) == text
+    assert all(
+        len(i) == e["accepted_tokens"] + 1 for i, e in zip(per_event[:-1], events[:-1], strict=True)
+    )
 
 
 def test_tritonclient_http(server: ServerProcess) -> None:

@@ -174,13 +174,15 @@ def _float(values: Mapping[str, np.ndarray | None], name: str, default: float) -
 
 @dataclass
 class ResponseChunk:
-    """One response to send: text and token counts; `final` ends the request."""
+    """One response to send: text, the token ids it carries (`output_ids`) and the draft
+    counts; `final` ends the request."""
 
     text: str
     drafted: int
     verified: int
     accepted: int
     final: bool
+    output_ids: tuple[int, ...] = ()
 
 
 class ResponseStream:
@@ -190,6 +192,7 @@ class ResponseStream:
         self.stream = stream
         self.decoder = tokenizer.incremental_decoder()
         self.parts: list[str] = []
+        self.ids: list[int] = []
         self.drafted = self.verified = self.accepted = 0
         self.finish_reason: str | None = None
 
@@ -200,15 +203,18 @@ class ResponseStream:
             text += self.decoder.flush()
             self.finish_reason = report.finish_reason
         self.parts.append(text)
+        self.ids.extend(report.new_tokens)
         self.drafted += report.drafted
         self.verified += report.verified
         self.accepted += report.accepted
         if self.stream:
             return ResponseChunk(
-                text, report.drafted, report.verified, report.accepted, report.finished
-            )
+                text, report.drafted, report.verified, report.accepted, report.finished,
+                tuple(report.new_tokens),
+            )  # fmt: skip
         if report.finished:
             return ResponseChunk(
-                "".join(self.parts), self.drafted, self.verified, self.accepted, True
-            )
+                "".join(self.parts), self.drafted, self.verified, self.accepted, True,
+                tuple(self.ids),
+            )  # fmt: skip
         return None

@@ -132,6 +132,7 @@ def _chunk_response(chunk):
             pb_utils.Tensor("drafted_tokens", int32(chunk.drafted)),
             pb_utils.Tensor("verified_tokens", int32(chunk.verified)),
             pb_utils.Tensor("accepted_tokens", int32(chunk.accepted)),
+            pb_utils.Tensor("output_ids", np.array(chunk.output_ids, dtype=np.int32)),
         ]
     )
 
