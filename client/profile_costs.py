@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         "verify": _rounded(verify),
         "verify_by_tokens_and_rows": fit,
     }
+    measured["verify_to_draft_ratio"] = {
+        str(rows): round(cost.verify_to_draft_ratio(rows, k), 3) for rows in args.draft_rows
+    }
     save_step_cost(args.output, cost, measured)
     print(f"{what} on {measured['device']}, {seconds:.0f} s")
     print_table(f"draft pass (one forward of `rows` tokens, from {k} vs 1 passes)", "rows",
@@ -250,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{fit['max_rel_error_with_rows']:.0%}; by tokens alone "
           f"{fit['max_rel_error_tokens_only']:.0%})")  # fmt: skip
     print(f"overhead_ms {cost.overhead_ms:.3f}")
+    ratios = ", ".join(f"{r} rows: {x:.2f}" for r, x in measured["verify_to_draft_ratio"].items())
+    print(f"target ms per verified token / draft ms per row of a pass, {k} drafts a row: {ratios}")
     load_step_cost(args.output)  # what the verifier will load must load
     if args.plot is not None:
         plot_step_cost(json.loads(args.output.read_text()), args.plot)

@@ -19,7 +19,7 @@ from helpers.hf_dirs import (  # noqa: E402
     tiny_tokenizer,
 )
 
-from avspec.runtime.model_dir import ModelDirError, is_hf_dir  # noqa: E402
+from avspec.runtime.model_dir import ModelDirError  # noqa: E402
 from avspec.runtime.pair import PairError  # noqa: E402
 from avspec.serving import launcher  # noqa: E402
 from avspec.serving.model_pair import pair_identity, prepare_pair  # noqa: E402
@@ -80,10 +80,6 @@ def test_prepare_pair_describes_caps_and_overrides(pair: tuple[Path, Path]) -> N
     assert len(caps) == 3 and all(f"capped at {MAX_POSITIONS}" in c for c in caps)
 
 
-@pytest.mark.skipif(
-    not is_hf_dir(ROOT / "models/target"),
-    reason="the default pair is not a Hugging Face checkpoint yet (being retrained)",
-)
 def test_default_pair_is_not_capped() -> None:
     prepared = prepare_pair(REPOSITORY)
     assert len(prepared.lines) == 2

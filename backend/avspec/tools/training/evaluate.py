@@ -20,9 +20,10 @@ from avspec.tools.training.corpus import encode_files, heldout_prompts
 
 SAMPLE_PROMPTS = {"python": "def parse_args(argv):\n", "english": "The with statement is used to "}
 SAMPLE_TOKENS = 48
-# The README's example prompts, continued greedily (a degenerate model repeats itself here).
-GREEDY_PROMPTS = ("import os\n", "def fib(n):", "The with statement")
-GREEDY_TOKENS = 24
+# The example prompts of README.md and docs/serving.md, continued greedily (the byte-level pair
+# continued "import os\n" with a run of spaces).
+GREEDY_PROMPTS = ("def parse_args(argv):\n", "import os\n", "def ")
+GREEDY_TOKENS = 32
 
 
 def eval_windows(ids: torch.Tensor, seq: int, max_windows: int) -> torch.Tensor:
@@ -49,8 +50,10 @@ def bits_per_byte(
         logits = model(chunk[:, :-1])
         predicted = chunk[:, 1:].flatten()
         bits += F.cross_entropy(logits.flatten(0, 1), predicted, reduction="sum").item()
-        lengths = byte_lengths[predicted] if byte_lengths is not None else predicted.new_ones(1)
-        num_bytes += int(lengths.sum()) if byte_lengths is not None else predicted.numel()
+        if byte_lengths is None:
+            num_bytes += predicted.numel()
+        else:
+            num_bytes += int(byte_lengths[predicted].sum())
     return bits / num_bytes / math.log(2)
 
 

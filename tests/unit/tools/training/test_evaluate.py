@@ -49,3 +49,29 @@ def test_acceptance_is_one_for_identical_models_and_below_for_different():
 def test_sample_continues_the_prompt():
     text = sample(tiny_model(0), "ab", 5, torch.Generator().manual_seed(0))
     assert text.startswith("ab")
+
+
+def test_bits_per_byte_divides_by_the_bytes_tokens_spell():
+    """Every token spelling 2 bytes halves the bits per byte; a wrong length table changes it."""
+    model = tiny_model(0)
+    with torch.no_grad():
+        model.embed.weight.zero_()
+    ids = torch.arange(200) % 257
+    twos = torch.full((257,), 2, dtype=torch.int64)
+    per_byte = bits_per_byte(model, ids, seq=16, max_windows=5, byte_lengths=twos)
+    assert per_byte == pytest.approx(math.log2(257) / 2)
+
+
+def test_token_byte_lengths_of_a_byte_level_bpe(tmp_path):
+    """The lengths of a text's tokens add up to its UTF-8 bytes (multibyte characters too)."""
+    from helpers.hf_dirs import CORPUS
+
+    from avspec.runtime.hf_tokenizer import HFTokenizer
+    from avspec.tools.training.bpe import save_tokenizer, train_bpe
+    from avspec.tools.training.evaluate import token_byte_lengths
+
+    tok = HFTokenizer.from_directory(save_tokenizer(train_bpe(CORPUS, 300), tmp_path, 64))
+    lengths = token_byte_lengths(tok)
+    text = "def add(a, b):\n    return a + b  # é ✓"
+    assert int(lengths[tok.encode(text)].sum()) == len(text.encode("utf-8"))
+    assert lengths[min(tok.eos_ids)] == 1
