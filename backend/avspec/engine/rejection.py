@@ -16,13 +16,13 @@ long as the choice of num_verify for position j depends only on what was known b
 (see avspec.av.survival / avspec.av.budget). Greedy rows (p, q one-hot) reduce to: accept iff the
 draft equals the target's argmax; the correction is the target's argmax.
 
-Randomness: each request draws a FIXED amount from its own generator per call: K uniforms, then
-vocab exponentials for the one token drawn by the exponential race of avspec.engine.sampling
-(recovered or bonus, whichever position it lands at: the noise is drawn before and independently
-of the accept decisions, so one race per call is exact), so its output never depends on the other
-requests in the batch nor on their num_verify. (An earlier version drew a race row per position,
-K + 1 times the noise; on the CPU over a 4096-piece vocabulary that was most of the target's
-per-row cost.)
+Randomness: each request draws a FIXED amount from its own generator per call: K + 1 uniforms,
+K for the accept tests and one for the one token drawn by `avspec.engine.sampling.inverse_cdf`
+(recovered or bonus, whichever position it lands at: that uniform is drawn before and
+independently of the accept decisions, so one draw per call is exact), so its output never
+depends on the other requests in the batch nor on their num_verify. (An earlier version drew a
+vocab-wide exponential race per position: on the CPU over a 4096-piece vocabulary that was most
+of the target's per-row cost.)
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from avspec.checks import check_finite, check_same_device, check_shape
-from avspec.engine.sampling import check_generators, exponential_noise, race
+from avspec.engine.sampling import check_generators, inverse_cdf, uniform_noise
 
 
 def rejection_sample(
@@ -56,10 +56,9 @@ def rejection_sample(
     )
     device = target_probs.device
     check_generators("generators", generators, batch, device)
-    uniforms = _uniform_noise(generators, num_pos, device)
-    exponentials = exponential_noise(generators, (vocab,), device)
+    noise = uniform_noise(generators, (num_pos + 1,), device)
     return rejection_sample_from_noise(
-        draft_tokens, draft_probs, target_probs, num_verify, uniforms, exponentials
+        draft_tokens, draft_probs, target_probs, num_verify, noise[:, :num_pos], noise[:, num_pos]
     )
 
 
@@ -69,11 +68,12 @@ def rejection_sample_from_noise(
     target_probs: torch.Tensor,
     num_verify: torch.Tensor,
     uniforms: torch.Tensor,
-    exponentials: torch.Tensor,
+    draw: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The vectorised core of `rejection_sample`, given its noise (no input checks).
 
-    uniforms [batch, K] in [0, 1), exponentials [batch, vocab] Exp(1). Tests call it directly
+    uniforms [batch, K] in [0, 1) for the accept tests, draw [batch] in [0, 1) for the recovered
+    or bonus token. Tests call it directly
     to vectorise many trials with one generator.
     """
     batch, num_pos = draft_tokens.shape
@@ -95,21 +95,13 @@ def rejection_sample_from_noise(
     rejected = (num_accepted < num_verify.long())[:, None]
     residual = torch.where(rejected, (p_at - q_at).clamp_min(0), p_at)
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_at)
-    last = race(residual, exponentials)  # [batch]
+    last = inverse_cdf(residual, draw)  # [batch]
 
     out_pos = torch.arange(num_pos + 1, device=device)[None, :]
     padded = torch.cat([tokens, torch.full((batch, 1), -1, device=device)], dim=-1)
     output_ids = torch.where(out_pos < num_accepted[:, None], padded, -1)
     output_ids = torch.where(out_pos == num_accepted[:, None], last[:, None], output_ids)
     return output_ids.int(), num_accepted.int()
-
-
-def _uniform_noise(
-    generators: Sequence[torch.Generator], num_pos: int, device: torch.device
-) -> torch.Tensor:
-    """Uniforms [batch, K] in [0, 1), row r from generators[r] only."""
-    rows = [torch.rand(num_pos, generator=gen, device=device) for gen in generators]
-    return torch.stack(rows) if rows else torch.empty((0, num_pos), device=device)
 
 
 def _check_inputs(

@@ -135,7 +135,7 @@ def run_step(
         p_rows.reshape(rows, K + 1, V),
         num_verify.reshape(rows),
         torch.rand(rows, K, generator=gen),
-        torch.empty(rows, V).exponential_(generator=gen),
+        torch.rand(rows, generator=gen, dtype=torch.float64),
     )
     y1 = out[:, 0].long()
     y2 = torch.where(accepted > 0, out[:, 1].long(), _draw(world.target[y1], gen))

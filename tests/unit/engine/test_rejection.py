@@ -67,7 +67,7 @@ def test_one_position_matches_target_distribution():
         p.expand(trials, 2, vocab),
         torch.ones(trials, dtype=torch.int64),
         torch.rand(trials, 1, generator=gen),
-        torch.empty(trials, vocab).exponential_(generator=gen),
+        torch.rand(trials, generator=gen, dtype=torch.float64),
     )
     freq = torch.bincount(out[:, 0].long(), minlength=vocab).float() / trials
     torch.testing.assert_close(freq, p, atol=0.005, rtol=0)
@@ -79,7 +79,7 @@ def test_residual_all_zero_falls_back_to_p():
     p = torch.tensor([[[1.0, 0.0], [1.0, 0.0]]])
     q = torch.tensor([[[1.0, 0.0]]])
     out, acc = rejection_sample_from_noise(
-        torch.tensor([[1]]), q, p, torch.tensor([1]), torch.zeros(1, 1), torch.ones(1, 2)
+        torch.tensor([[1]]), q, p, torch.tensor([1]), torch.zeros(1, 1), torch.full((1,), 0.5)
     )
     assert acc.tolist() == [0] and out.tolist() == [[0, -1]]
 

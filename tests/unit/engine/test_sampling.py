@@ -179,3 +179,18 @@ def test_nucleus_comparison_catches_ties_broken_the_other_way():
         for probs, top_p in _nucleus_cases()
     )
     assert differs
+
+
+def test_inverse_cdf_edges():
+    """u = 0 never lands on a leading zero-mass token (a left-sided search would); a point
+    rounded past the last running sum takes the last token of positive mass."""
+    from avspec.engine.sampling import inverse_cdf
+
+    probs = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.5, 0.0], [0.2, 0.3, 0.5]])
+    assert inverse_cdf(probs, torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)).tolist() == [
+        1,
+        1,
+        0,
+    ]
+    cumulative = torch.cumsum(probs[:1].double(), -1)
+    assert torch.searchsorted(cumulative, torch.zeros(1, 1, dtype=torch.float64)).item() == 0
