@@ -36,7 +36,12 @@ from avspec.av.cost_file import load_step_cost
 from avspec.av.estimator import AcceptanceEstimator
 from avspec.av.step_cost import StepCost
 from avspec.config import EstimatorConfig
-from avspec.tools.features_zoo import cross_fit_predictions, fit_logistic, label_matrix
+from avspec.tools.features_zoo import (
+    cross_fit_predictions,
+    fit_logistic,
+    label_matrix,
+    rate_by_bins,
+)
 from avspec.tools.oracle import RecordedSteps, oracle_bound
 
 # (row label, npz feature, how): "served" = recorded online predictions, "fit" = cross-fit,
@@ -51,6 +56,9 @@ FEATURES = (
     ("logit q_sampled (lossy)", "logit_qsampled", "fit"),
     ("q_max used directly, no fit", "log_qmax", "direct"),
 )
+
+
+QMAX_EDGES = np.linspace(0.0, 1.0, 11)
 
 
 def labelled(data: dict[str, np.ndarray], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -147,6 +155,14 @@ def print_report(result: dict[str, Any]) -> None:
                 fmt(r[k]) for k in ("auc", "log_loss", "ece", "mean_predicted", "observed_rate")
             ]
             print("| " + " | ".join(cells) + " |")
+    by_qmax = result["acceptance_by_qmax"]
+    print("\n### Acceptance by q_max (all workloads and positions)\n")
+    print("| q_max | labels | observed |")
+    print("|---|---|---|")
+    for r in by_qmax["bins"]:
+        print(f"| {r['low']:.1f}-{r['high']:.1f} | {r['labels']} | {fmt(r['observed_rate'])} |")
+    verdict = "monotone" if by_qmax["monotone"] else "NOT monotone"
+    print(f"\nAcceptance is {verdict} in q_max over the bins with >= 50 labels.")
     served = result["feature_tables"]["all"][0]
     print("\n### By draft position (logit q_max as served, all workloads)\n")
     print("| position | labels | AUC | ECE | mean pred | observed |")
@@ -205,7 +221,12 @@ def evaluate(data: dict[str, np.ndarray], cost: StepCost | None) -> dict[str, An
     """Feature tables, coefficients and, with a step cost, the oracle bound per workload."""
     names = [str(n) for n in data["workloads"]]
     result: dict[str, Any] = {"feature_tables": {}, "coefficients": {}, "oracle": {}}
-    result["feature_tables"]["all"] = feature_table(data, np.arange(data["step"].size))
+    everything = np.arange(data["step"].size)
+    result["feature_tables"]["all"] = feature_table(data, everything)
+    labels, mask = labelled(data, everything)
+    q_max = np.exp(data["log_qmax"].astype(np.float64))
+    bins, monotone = rate_by_bins(q_max, labels, mask, QMAX_EDGES)
+    result["acceptance_by_qmax"] = {"bins": bins, "monotone": monotone}
     for w, name in enumerate(names):
         rows = np.flatnonzero(data["workload"] == w)
         result["feature_tables"][name] = feature_table(data, rows)

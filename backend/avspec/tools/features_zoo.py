@@ -78,14 +78,17 @@ def fit_logistic(
     features: np.ndarray,
     labels: np.ndarray,
     mask: np.ndarray,
-    iterations: int = 30,
+    iterations: int = 100,
     ridge: float = 1e-3,
+    max_step: float = 2.0,
 ) -> tuple[float, np.ndarray]:
     """Fit p = sigmoid(w f + b_k) to the masked labels; return (w, b [position]).
 
     features, labels, mask: [rows, position]. Starts at the reference values (0.5, -0.2) and
-    takes undamped Newton steps (the slope may turn negative, e.g. for entropy). Raises
-    ValueError with no labels.
+    takes undamped Newton steps (the slope may turn negative, e.g. for entropy), each component
+    capped at `max_step` (a full step from the start can saturate every prediction, after which
+    Newton diverges: seen for the entropy feature of a BPE pair). Raises ValueError with no
+    labels.
     """
     features, labels, mask = np.asarray(features), np.asarray(labels), np.asarray(mask)
     if features.ndim != 2:
@@ -94,9 +97,14 @@ def fit_logistic(
     if not mask.any():
         raise ValueError("no labelled drafts to fit")
     positions = features.shape[1]
-    f = torch.as_tensor(features, dtype=torch.float64)
     y = torch.as_tensor(labels, dtype=torch.float64)
     m = torch.as_tensor(mask, dtype=torch.bool)
+    # Fit on the standardised feature (the same model family: w f + b = w' f' + b'), then map
+    # back: Newton from a fixed start behaves alike for features of any scale (entropy in nats).
+    raw = torch.as_tensor(features, dtype=torch.float64)
+    centre = float(raw[m].mean())
+    scale = float(raw[m].std()) if int(m.sum()) > 1 and float(raw[m].std()) > 0 else 1.0
+    f = (raw - centre) / scale
     w = torch.tensor(0.5, dtype=torch.float64)
     b = torch.full((positions,), -0.2, dtype=torch.float64)
     stats = SufficientStats(positions)
@@ -106,10 +114,11 @@ def fit_logistic(
         dw, db = newton_step(stats, ridge, damping=0.0)
         if not (torch.isfinite(dw) and torch.isfinite(db).all()):
             break
+        dw, db = dw.clamp(-max_step, max_step), db.clamp(-max_step, max_step)
         w, b = w + dw, b + db
         if float(dw.abs()) < 1e-9 and float(db.abs().max()) < 1e-9:
             break
-    return float(w), b.numpy()
+    return float(w) / scale, (b - w * centre / scale).numpy()
 
 
 def _check_same_shape(shape: tuple[int, ...], **arrays: np.ndarray) -> None:
@@ -142,3 +151,33 @@ def cross_fit_predictions(
         slope, intercepts = fit_logistic(features, labels, train)
         out[held] = predict_logistic(features[held], slope, intercepts)
     return out
+
+
+def rate_by_bins(
+    values: np.ndarray,
+    labels: np.ndarray,
+    mask: np.ndarray,
+    edges: np.ndarray,
+    min_labels: int = 50,
+) -> tuple[list[dict[str, float]], bool]:
+    """Observed acceptance per bin of `values` (e.g. q_max) over the masked labels.
+
+    values, labels, mask: same shape; edges: increasing bin edges (a value equal to the last
+    edge falls in the last bin). Returns one row per bin (low, high, labels, observed rate, NaN
+    when empty) and whether the rate never falls from one bin to the next among the bins with
+    at least `min_labels` labels (the calibration table's monotonicity).
+    """
+    values, labels, mask = (np.asarray(a) for a in (values, labels, mask))
+    _check_same_shape(values.shape, labels=labels, mask=mask)
+    v, y = values[mask], labels[mask].astype(np.float64)
+    index = np.clip(np.searchsorted(edges, v, side="right") - 1, 0, len(edges) - 2)
+    rows = []
+    for i in range(len(edges) - 1):
+        chosen = index == i
+        count = int(chosen.sum())
+        rate = float(y[chosen].mean()) if count else float("nan")
+        rows.append({"low": float(edges[i]), "high": float(edges[i + 1]), "labels": count,
+                     "observed_rate": rate})  # fmt: skip
+    rates = [r["observed_rate"] for r in rows if r["labels"] >= min_labels]
+    monotone = all(a <= b for a, b in zip(rates, rates[1:], strict=False))
+    return rows, monotone

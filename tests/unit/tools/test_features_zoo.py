@@ -83,10 +83,11 @@ def test_fit_logistic_negative_slope_and_mask():
     """A decreasing feature (like entropy) gets a negative slope; masked labels are ignored."""
     f, y, m = synthetic(w=-0.9)
     m[:, 1] = False
+    w0, b0 = fit_logistic(f, y, m)
     y[:, 1] = 1.0 - y[:, 1]  # would pull b_1 the wrong way if it were used
     w, b = fit_logistic(f, y, m)
     assert w == pytest.approx(-0.9, abs=0.15)
-    assert b[1] == pytest.approx(-0.2)  # no labels: stays at the start value
+    assert w == w0 and b.tolist() == b0.tolist()  # the masked labels change nothing
 
 
 def test_fit_logistic_errors():
@@ -107,3 +108,18 @@ def test_cross_fit_predictions():
     assert np.abs(pred - truth).mean() < 0.05
     with pytest.raises(ValueError, match="folds"):
         cross_fit_predictions(f, y, m, folds[:-1])
+
+
+def test_rate_by_bins_known_answer_and_a_dip():
+    from avspec.tools.features_zoo import rate_by_bins
+
+    edges = np.array([0.0, 0.5, 1.0])
+    values = np.array([[0.1, 0.2, 0.6, 0.9, 1.0, 0.3]])
+    labels = np.array([[0, 1, 1, 1, 1, 0]])
+    mask = np.ones_like(labels, dtype=bool)
+    rows, monotone = rate_by_bins(values, labels, mask, edges, min_labels=1)
+    assert [r["labels"] for r in rows] == [3, 3] and monotone
+    assert rows[0]["observed_rate"] == pytest.approx(1 / 3) and rows[1]["observed_rate"] == 1.0
+    # the same values with the labels flipped: acceptance falls with q_max, flagged
+    _, falls = rate_by_bins(values, 1 - labels, mask, edges, min_labels=1)
+    assert not falls

@@ -50,7 +50,9 @@ def settings_for(name: str, args: argparse.Namespace) -> tuple:
         "target": (TARGET_CONFIG, TrainSettings(args.target_steps, batch=8, seq=512), args.seed),
         "draft": (
             DRAFT_CONFIG,
-            TrainSettings(args.draft_steps, batch=8, seq=512, lr=3e-3),
+            TrainSettings(
+                args.draft_steps, batch=8, seq=512, lr=3e-3, distill_weight=args.distill_weight
+            ),
             args.seed + 100,
         ),
     }[name]
@@ -60,7 +62,8 @@ def train_and_save(name: str, args: argparse.Namespace, corpus: dict, tokenizer_
     """Train one model of the pair and write `out/<name>` plus its `training.json` log; the
     draft is distilled from the saved target."""
     config, settings, seed = settings_for(name, args)
-    teacher = load_model(args.out / "target") if name == "draft" else None
+    distil = name == "draft" and args.distill_weight > 0
+    teacher = load_model(args.out / "target") if distil else None
     start = time.perf_counter()
     model, curve = train_model(
         config, settings, corpus["train_ids"], corpus["held_out_ids"], seed, name,
@@ -92,6 +95,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--threads", type=int, default=2, help="torch intra-op threads (the run is reproducible "
         "for one thread count)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--distill-weight", type=float, default=1.0,
+        help="the draft's loss: this share KL to the target, the rest the text (0: text only)",
     )  # fmt: skip
     parser.add_argument("--only", choices=PHASES, help="run one phase (the target first)")
     return parser.parse_args(argv)
