@@ -58,18 +58,25 @@ def convert_command(
     checkpoint_dir: Path | str,
     examples: Path | str,
     dtype: str = "float16",
+    tp_size: int = 1,
 ) -> list[str]:
-    """The stock converter's command line for `architecture`."""
+    """The stock converter's command line for `architecture`; with `tp_size` > 1 the weights
+    are split that many ways (`--tp_size`, converted by as many workers), and `trtllm-build`
+    then writes one engine per rank from the checkpoint's mapping."""
     if architecture not in CONVERTERS:
         raise ExportError(f"no TensorRT-LLM converter for {architecture!r}: {sorted(CONVERTERS)}")
     if dtype not in CONVERT_DTYPES:
         raise ExportError(f"dtype must be one of {CONVERT_DTYPES}, got {dtype!r}")
+    if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
+        raise ExportError(f"tp_size must be a positive int, got {tp_size!r}")
     script = Path(examples) / CONVERTERS[architecture] / "convert_checkpoint.py"
+    split = ["--tp_size", str(tp_size), "--workers", str(tp_size)] if tp_size > 1 else []
     return [
         "python3", str(script),
         "--model_dir", str(model_dir),
         "--output_dir", str(checkpoint_dir),
         "--dtype", dtype,
+        *split,
     ]  # fmt: skip
 
 
@@ -137,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--max-seq-len", type=int, default=512)
     parser.add_argument("--max-draft-len", type=int, default=MAX_DRAFT_LEN)
+    parser.add_argument(
+        "--tp-size", type=int, default=1, help="tensor parallelism: GPUs the target is split over"
+    )
     args = parser.parse_args(argv)
     try:
         check_model_dir(args.model_dir)  # a directory that is not a Hugging Face checkpoint
@@ -148,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         convert = convert_command(
             config.architecture, args.model_dir, args.out, args.examples or examples_dir(),
-            args.dtype,
+            args.dtype, args.tp_size,
         )  # fmt: skip
         build = build_command_of(args)
         if not Path(convert[1]).is_file():

@@ -34,8 +34,11 @@ if (( TP > 1 )); then
         "${AVSPEC_GPU_VALUES}")"
     if [[ ! -f "${ENGINE_DIR}/rank$((TP - 1)).engine" ]]; then
         # the same converter and trtllm-build as serve_gpu.sh, with the weights split TP ways
-        python3 /etc/avspec/scripts/build_tp_engine.py "${AVSPEC_TARGET_MODEL}" "${ENGINE_DIR}" \
-            "${TP}" "${AVSPEC_GPU_VALUES}"
+        read -r BATCH SEQ < <(python3 -c 'import json, sys; v = json.load(open(sys.argv[1]));
+print(v["triton_max_batch_size"], v["max_seq_len"])' "${AVSPEC_GPU_VALUES}")
+        python3 -m avspec.trtllm.hf_engine "${AVSPEC_TARGET_MODEL}" \
+            --out "/tmp/avspec_checkpoint_tp${TP}" --build "${ENGINE_DIR}" --dtype float16 \
+            --max-batch-size "${BATCH}" --max-seq-len "${SEQ}" --tp-size "${TP}"
     fi
     # tritonserver through MPI: serve_gpu.sh finds the wrapper first on PATH; Triton's backends
     # stay where they are (serve_gpu.sh takes <prefix>/backends beside <prefix>/bin)

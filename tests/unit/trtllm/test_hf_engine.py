@@ -34,6 +34,15 @@ def test_convert_command_uses_the_stock_example(architecture: str, family: str) 
     ]  # fmt: skip
 
 
+def test_tensor_parallel_conversion_splits_the_weights() -> None:
+    """TP > 1: the stock converter splits the weights N ways with N workers; TP 1 adds nothing."""
+    command = convert_command("LlamaForCausalLM", "/m", "/ckpt", "/ex", "float16", tp_size=4)
+    assert command[-4:] == ["--tp_size", "4", "--workers", "4"]
+    assert "--tp_size" not in convert_command("LlamaForCausalLM", "/m", "/ckpt", "/ex")
+    with pytest.raises(ExportError, match="tp_size"):
+        convert_command("LlamaForCausalLM", "/m", "/ckpt", "/ex", tp_size=0)
+
+
 def test_convert_command_refuses_unknown_architecture_and_dtype() -> None:
     with pytest.raises(ExportError, match="no TensorRT-LLM converter"):
         convert_command("GPT2LMHeadModel", "/m", "/c", "/ex")
