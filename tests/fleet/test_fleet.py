@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -275,9 +276,12 @@ def grpc_stream(port: int, rid: str, prompt: str) -> int:
     try:
         client.start_stream(callback=callback, headers={TAG: rid})
         values = {"text_input": prompt, "max_tokens": MAX_TOKENS, "stream": True}
-        client.async_stream_infer(
-            "speculative", infer_inputs(grpcclient, values), enable_empty_final_response=True
-        )
+        try:
+            client.async_stream_infer(
+                "speculative", infer_inputs(grpcclient, values), enable_empty_final_response=True
+            )
+        except Exception as err:  # the stream broke before the request went out: say why
+            raise RuntimeError(f"{err}; stream errors: {[str(e) for _, e in results]}") from err
         if not done.wait(120):
             raise RuntimeError("no final response within 120 s")
         errors = [str(e) for _, e in results if e is not None]
@@ -287,6 +291,20 @@ def grpc_stream(port: int, rid: str, prompt: str) -> int:
     finally:
         client.stop_stream(cancel_requests=True)
         client.close()
+
+
+def wait_listening(process: subprocess.Popen, ports: tuple[int, ...], deadline: float) -> None:
+    """Return once a TCP connect to every port succeeds; AssertionError if `process` exits or
+    the deadline passes first."""
+    for port in ports:
+        while True:
+            assert process.poll() is None, f"nginx exited with status {process.returncode}"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"nginx not listening on {port} in time"
+                time.sleep(0.1)
 
 
 def parse_access_log(path: Path) -> dict[str, tuple[list[str], str]]:
@@ -344,6 +362,9 @@ def test_three_replicas_behind_nginx_one_killed_mid_run(tmp_path: Path) -> None:
             stderr=open(tmp_path / "nginx.stderr", "w"),  # noqa: SIM115
             start_new_session=True,
         )
+        # the clients start once nginx listens on both ports (a client that connected before
+        # would fail at no replica, which the test would wrongly blame on the kill)
+        wait_listening(proxy, (http_port, grpc_port), deadline=time.monotonic() + 30)
         outcomes: list[Outcome] = []
         lock = threading.Lock()
         round_done = threading.Barrier(STREAMS + 1)
