@@ -143,7 +143,7 @@ def build_step(args: argparse.Namespace) -> RecordingStep:
     config = EstimatorConfig(num_positions=k, refit_interval=args.refit_interval)
     estimator = AcceptanceEstimator(config)
     return RecordingStep(
-        RecordingDraftStage(draft_model, cache(draft_model), k),
+        RecordingDraftStage(draft_model, cache(draft_model), k, top_k=args.draft_top_k),
         AdaptiveVerifier(estimator, cost),
         TargetStage(target_model, cache(target_model), k),
     )
@@ -206,6 +206,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--k", type=int, default=8, help="drafts per step (Kmax)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument(
+        "--draft-top-k", type=int, default=0, help="the draft's top_k (0: the target's warp)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="request i gets seed + i")
     parser.add_argument("--refit-interval", type=int, default=100, help="online estimator's N")
     parser.add_argument("--max-length", type=int, default=512, help="KV positions per sequence")

@@ -69,6 +69,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--verify-batch-sizes", default="1,4,16,64", help="comma list; each verifies 0..K drafts"
     )
     parser.add_argument("--context", type=int, default=64, help="cached tokens per sequence")
+    parser.add_argument(
+        "--draft-top-k", type=int, default=0,
+        help="the draft model's draft_top_k parameter (0: it warps like the target)",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per point")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per point")
     parser.add_argument(
@@ -206,8 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     begin = time.perf_counter()
     with tqdm(total=total, desc="profiling", unit="point") as bar:
         draft_pass = profile_draft_pass(
-            draft, args.draft_rows, passes=k, on_point=lambda *_: bar.update(), **common
-        )
+            draft, args.draft_rows, passes=k, on_point=lambda *_: bar.update(),
+            top_k=args.draft_top_k, **common,
+        )  # fmt: skip
         verify = profile_verify_cost(
             target, k, args.verify_batch_sizes, on_point=lambda *_: bar.update(), **common
         )

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from avspec.av.drafting import DraftPlan, draft_limits, keeps_drafting, stop_confidence
 from avspec.av.features import logit_qmax
 from avspec.contract import StepInputs, read_step_inputs
-from avspec.engine.sampling import sample, warp_probs
+from avspec.engine.sampling import draft_warp, sample
 from avspec.engine.stage import DRAFT_SALT, ModelStage
 
 
@@ -52,6 +53,14 @@ class DraftStage(ModelStage):
     """Draft model stage; owns the draft KV cache and the draft generators."""
 
     SALT = DRAFT_SALT
+
+    def __init__(self, *args: Any, top_k: int = 0, **kwargs: Any) -> None:
+        """`ModelStage`'s arguments plus `top_k`: draft from the top_k most probable tokens
+        within top-p (`engine.sampling.draft_warp`; 0: the target's warp)."""
+        super().__init__(*args, **kwargs)
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0: the target's warp), got {top_k!r}")
+        self.top_k = top_k
 
     @torch.inference_mode()
     def __call__(self, inputs: StepInputs) -> DraftOutput:
@@ -125,7 +134,7 @@ class DraftStage(ModelStage):
         """
         logits = self.mask_vocab(logits[:, None, :])  # [rows, 1, vocab], masked in place
         check = self.check_values
-        q = warp_probs(logits, draw.temperature, draw.top_p, check_values=check)[:, 0]
+        q = draft_warp(logits, draw.temperature, draw.top_p, self.top_k, check_values=check)[:, 0]
         tokens = sample(q, draw.generators, check_values=check).int()
         features = logit_qmax(logits, draw.temperature, check_values=check)[:, 0]  # [rows]
         if drafting is not None:

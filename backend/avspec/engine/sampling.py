@@ -57,6 +57,45 @@ def warp_probs(
     return torch.where(greedy, _one_hot_argmax(logits), probs)
 
 
+def draft_warp(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: int,
+    *,
+    check_values: bool = True,
+) -> torch.Tensor:
+    """The draft's q: `warp_probs` restricted to the `top_k` most probable tokens (0 or >= vocab:
+    `warp_probs` itself). logits [batch, 1, vocab] -> probs [batch, 1, vocab] fp32.
+
+    Temperature, then the top_k tokens, then top-p within them (order among equal logits as
+    `torch.topk` gives it), renormalised; greedy rows as in `warp_probs`. Exactness does not
+    need the draft to warp like the target: rejection sampling is exact for any q the drafts
+    were really sampled from, so this only trades acceptance (mass beyond top_k is never
+    drafted) for a draft pass that sorts top_k values instead of a long nucleus.
+    """
+    vocab = logits.shape[-1]
+    if top_k <= 0 or top_k >= vocab:
+        return warp_probs(logits, temperature, top_p, check_values=check_values)
+    check_shape("logits", logits, (None, 1, None))
+    batch = logits.shape[0]
+    check_shape("temperature", temperature, (batch,))
+    check_shape("top_p", top_p, (batch,))
+    if check_values:
+        _check_warp_values(logits, temperature, top_p)
+    logits = logits.float()
+    values, index = torch.topk(logits, top_k, dim=-1)  # [batch, 1, top_k], descending
+    greedy = (temperature == 0)[:, None, None]
+    scale = torch.where(temperature > 0, temperature.float(), torch.ones_like(temperature.float()))
+    probs = torch.softmax(values / scale[:, None, None], dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    kept = torch.where(mass_before < top_p.float()[:, None, None], probs, torch.zeros_like(probs))
+    first = torch.arange(top_k, device=logits.device) == 0  # topk's first: an argmax
+    kept = torch.where(greedy, first.to(kept), kept)
+    kept = kept / kept.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(logits).scatter_(-1, index, kept)
+
+
 def _check_warp_values(
     logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor
 ) -> None:

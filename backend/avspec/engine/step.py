@@ -109,11 +109,13 @@ class SpeculativeStep:
         cost: StepCost | None = None,
         *,
         vocab_limit: int | None = None,
+        draft_top_k: int = 0,
     ) -> SpeculativeStep:
         """Build caches, stages and a fresh estimator around two loaded models.
 
         `vocab_limit`: the tokenizer's size when the models have padded embedding rows
         (`PairInfo.num_tokens`); logits past it are masked to -inf in both stages.
+        `draft_top_k`: the draft stage's `top_k` (0: the target's warp).
         """
         tokens = max_sequences * (max_length if max_length > 0 else 1)
         if cost is None:
@@ -125,6 +127,7 @@ class SpeculativeStep:
                 draft_model.new_cache(max_sequences, max_length, device),
                 max_draft_tokens,
                 vocab_limit=vocab_limit,
+                top_k=draft_top_k,
             ),
             AdaptiveVerifier(estimator, cost),
             TargetStage(

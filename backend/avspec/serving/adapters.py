@@ -135,12 +135,18 @@ class StageAdapter(ABC):
             max_length=params.max_length,
         )
         cache = model.new_cache(params.max_sequences, params.max_length, params.device)
+        extra = {}
+        if params.draft_top_k:
+            if self.stage_class is not DraftStage:
+                raise ValueError("draft_top_k is a parameter of the draft model only")
+            extra["top_k"] = params.draft_top_k
         self.stage = self.stage_class(
             model,
             cache,
             params.max_draft_tokens,
             idle_timeout_s=params.idle_timeout_s,
             vocab_limit=params.vocab_limit or None,
+            **extra,
         )
 
     @property

@@ -88,6 +88,7 @@ class StageParams:
     malloc_trim_steps: int = 10  # give freed heap back to the OS every N steps (serving.heap)
     dtype: str = "float32"  # serving dtype of weights and KV cache (SERVING_DTYPES by device)
     vocab_limit: int = 0  # the pair check's num_tokens: logits past it set to -inf (0: none)
+    draft_top_k: int = 0  # draft only: sample drafts from the top k tokens within top-p (0: off)
 
     def __post_init__(self) -> None:
         allowed = SERVING_DTYPES["cpu" if self.device == "cpu" else "cuda"]
@@ -97,6 +98,10 @@ class StageParams:
             )
         if self.vocab_limit < 0:
             raise ValueError(f"vocab_limit must be >= 0 (0: none), got {self.vocab_limit}")
+        if self.draft_top_k < 0:
+            raise ValueError(
+                f"draft_top_k must be >= 0 (0: the target's warp), got {self.draft_top_k}"
+            )
         if self.malloc_trim_steps < 0:
             raise ValueError(f"malloc_trim_steps must be >= 0, got {self.malloc_trim_steps}")
         for name in ("max_draft_tokens", "max_sequences", "max_length"):

@@ -139,8 +139,9 @@ def profile_draft_pass(
     repeats: int = 10,
     warmup: int = 3,
     on_point: OnPoint | None = None,
+    top_k: int = 0,
 ) -> CostPoints:
-    """ms of one draft pass by the rows in it; see the module doc.
+    """ms of one draft pass by the rows in it (the draft stage's `top_k`); see the module doc.
 
     Per rows count, `repeats` pairs (one-pass call, `passes`-pass call) give `repeats` samples
     (t_passes - t_1) / (passes - 1). extra: "one_pass_ms" and "all_passes_ms" (the medians of
@@ -152,7 +153,7 @@ def profile_draft_pass(
         raise ValueError(f"passes must be >= 2 (a pass is timed as a difference), got {passes}")
     ladder = sorted(set(rows))
     stage = DraftStage(model, _cache(model, sum(ladder), context_length, passes), passes,
-                       check_values=False)  # fmt: skip
+                       check_values=False, top_k=top_k)  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     calls = []
     for batch, first in zip(ladder, _first_ids(ladder), strict=True):

@@ -194,3 +194,18 @@ def test_inverse_cdf_edges():
     ]
     cumulative = torch.cumsum(probs[:1].double(), -1)
     assert torch.searchsorted(cumulative, torch.zeros(1, 1, dtype=torch.float64)).item() == 0
+
+
+def test_draft_warp_is_the_warp_within_the_top_k():
+    """top_k 3 of 6: temperature, top-p inside the three best, renormalised; 0 = warp_probs."""
+    from avspec.engine.sampling import draft_warp
+
+    logits = torch.log(torch.tensor([[[0.05, 0.4, 0.12, 0.3, 0.03, 0.1]]]))
+    one, full = torch.ones(1), torch.ones(1)
+    q = draft_warp(logits, one, full, 3)[0, 0]
+    torch.testing.assert_close(q, torch.tensor([0.0, 0.4, 0.12, 0.3, 0.0, 0.0]) / 0.82)
+    q = draft_warp(logits, one, torch.tensor([0.6]), 3)[0, 0]  # 0.5 then 0.375 reach 0.6
+    torch.testing.assert_close(q, torch.tensor([0.0, 4 / 7, 0.0, 3 / 7, 0.0, 0.0]))
+    greedy = draft_warp(logits, torch.zeros(1), full, 3)[0, 0]
+    assert greedy.tolist() == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    torch.testing.assert_close(draft_warp(logits, one, full, 0), warp_probs(logits, one, full))

@@ -44,9 +44,11 @@ def _pair():
     return target, perturbed(target, 0.05, seed=5)
 
 
-def _build(target, draft) -> SpeculativeStep:
+def _build(target, draft, draft_top_k: int = 0) -> SpeculativeStep:
     cost = StepCost.linear(0.1, 0.01, 1.0, 0.05, max_rows=128, max_tokens=2048)
-    return SpeculativeStep.from_models(target, draft, K, BATCH + 4, 32, cost=cost)
+    return SpeculativeStep.from_models(
+        target, draft, K, BATCH + 4, 32, cost=cost, draft_top_k=draft_top_k
+    )
 
 
 def _sample(step_fn, seed_base: int, drafting: bool = True) -> torch.Tensor:
@@ -149,6 +151,16 @@ def test_stages_sample_the_target_law_with_trimming(drafting: bool):
         assert 0.05 * step.drafted < step.stopped
     else:
         assert step.stopped == 0
+    assert _p_value(counts, _exact_law(target)) > PASS
+
+
+def test_a_draft_sampling_its_top_k_keeps_the_target_law():
+    """The draft's own warp (top 2 of 257 tokens within top-p, `draft_warp`): q differs from
+    the target's warp, the output law must not; 2,048 requests, threshold as above."""
+    target, draft = _pair()
+    step = _Counted(_build(target, draft, draft_top_k=2))
+    counts = _sample(step, seed_base=0, drafting=True)
+    assert step.verified > 0
     assert _p_value(counts, _exact_law(target)) > PASS
 
 

@@ -195,6 +195,17 @@ def test_stage_adapter_takes_dtype_and_vocab_limit(pair: tuple[Path, Path], tmp_
     assert DraftAdapter(stage_params(pair[1]), tmp_path).stage.vocab_limit is None
 
 
+def test_draft_top_k_reaches_the_draft_only(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    """draft_top_k 5: every drafted q has at most 5 tokens; on the target it is refused."""
+    params = dataclasses.replace(stage_params(pair[1]), draft_top_k=5)
+    drafted = DraftAdapter(params, tmp_path)(first_step())
+    assert int((drafted["draft_probs"] > 0).sum(-1).max()) <= 5
+    with pytest.raises(ValueError, match="draft_top_k is a parameter of the draft model only"):
+        TargetAdapter(dataclasses.replace(stage_params(pair[0]), draft_top_k=5), tmp_path)
+    with pytest.raises(ValueError, match="draft_top_k must be >= 0"):
+        dataclasses.replace(params, draft_top_k=-1)
+
+
 def test_stage_adapter_rejects_unknown_stage(pair: tuple[Path, Path], tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="stage must be one of"):
         stage_adapter("drafter", StageParams(model_dir=str(pair[1])), tmp_path)
