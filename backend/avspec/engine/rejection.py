@@ -51,7 +51,7 @@ def rejection_sample(
     generators: one per request. An empty batch returns empty outputs. `check_values` validates
     value ranges (a host sync on CUDA).
     """
-    batch, num_pos, vocab = _check_inputs(
+    batch, num_pos, _ = _check_inputs(
         draft_tokens, draft_probs, target_probs, num_verify, check_values
     )
     device = target_probs.device

@@ -49,8 +49,7 @@ def warp_probs(
         _check_warp_values(logits, temperature, top_p)
     logits = logits.float()
     greedy = (temperature == 0)[:, None, None]  # [batch, 1, 1]
-    scale = torch.where(temperature > 0, temperature.float(), torch.ones_like(temperature.float()))
-    probs = torch.softmax(logits / scale[:, None, None], dim=-1)
+    probs = torch.softmax(logits / _scale(temperature)[:, None, None], dim=-1)
     probs = _top_p_filter(probs, top_p.float()[:, None, None])
     if probs.device.type == "cpu" and not bool(greedy.any()):
         return probs  # the one-hot argmax costs ~10 % of a CPU draft pass; skip it when unused
@@ -86,14 +85,19 @@ def draft_warp(
     logits = logits.float()
     values, index = torch.topk(logits, top_k, dim=-1)  # [batch, 1, top_k], descending
     greedy = (temperature == 0)[:, None, None]
-    scale = torch.where(temperature > 0, temperature.float(), torch.ones_like(temperature.float()))
-    probs = torch.softmax(values / scale[:, None, None], dim=-1)
+    probs = torch.softmax(values / _scale(temperature)[:, None, None], dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs
     kept = torch.where(mass_before < top_p.float()[:, None, None], probs, torch.zeros_like(probs))
     first = torch.arange(top_k, device=logits.device) == 0  # topk's first: an argmax
     kept = torch.where(greedy, first.to(kept), kept)
     kept = kept / kept.sum(dim=-1, keepdim=True)
     return torch.zeros_like(logits).scatter_(-1, index, kept)
+
+
+def _scale(temperature: torch.Tensor) -> torch.Tensor:
+    """The logits' divisor [batch]: the temperature, 1 for greedy rows (their softmax is unused)."""
+    temperature = temperature.float()
+    return torch.where(temperature > 0, temperature, torch.ones_like(temperature))
 
 
 def _check_warp_values(
