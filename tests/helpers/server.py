@@ -118,9 +118,16 @@ def live_processes() -> dict[int, tuple[int, int, str]]:
     return found
 
 
-def start_test_server(tmp: Path) -> ServerProcess:
-    """A started server over a tmp copy of the repository and the tiny pair (see the module doc);
-    its log is `tmp/tritonserver.log`, printed if it fails to start."""
+def readable_by_server(directory: Path) -> Path:
+    """`directory` opened to the server's user (pytest creates its tmp directories 0700;
+    started as root, the server runs as another user, which must read its repository)."""
+    directory.chmod(0o755)
+    return directory
+
+
+def write_test_repository(tmp: Path) -> tuple[Path, Path]:
+    """(repository, target model dir): a tmp copy of the repository on the tiny pair, with the
+    snapshot at `tmp/estimator_snapshot.json` (see the module doc)."""
     target_dir, draft_dir = save_tiny_pair(tmp / "models")
     repository = copy_repository(
         REPOSITORY,
@@ -138,6 +145,13 @@ def start_test_server(tmp: Path) -> ServerProcess:
             "speculative": {"max_batch_size": 32, "max_context": MAX_LENGTH},
         },
     )
+    return repository, target_dir
+
+
+def start_test_server(tmp: Path) -> ServerProcess:
+    """A started server over `write_test_repository(tmp)`; its log is `tmp/tritonserver.log`,
+    printed if it fails to start."""
+    repository, target_dir = write_test_repository(tmp)
     log = tmp / "tritonserver.log"
     process = ServerProcess(
         repository,

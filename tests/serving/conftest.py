@@ -12,8 +12,10 @@ that asks for `server` is marked `serving`.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
-from helpers.server import start_test_server
+from helpers.server import readable_by_server, start_test_server
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -22,9 +24,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.serving)
 
 
+@pytest.fixture(autouse=True)
+def _readable_tmp_path(tmp_path: Path) -> None:
+    """Let the server's user read what a test writes to tmp_path (pytest makes it 0700)."""
+    readable_by_server(tmp_path)
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory):
     """The running server shared by the session (fault injection has its own: test_faults)."""
-    process = start_test_server(tmp_path_factory.mktemp("serving"))
+    process = start_test_server(readable_by_server(tmp_path_factory.mktemp("serving")))
     yield process
     process.stop()

@@ -195,6 +195,23 @@ def _own_entries(directory: Path, kind: object) -> list[Path]:
     return sorted(found)
 
 
+def remove_regions(prefix: str, shm_dir: Path = SHM_DIR) -> int:
+    """Remove the regions named `prefix`* (a dead server's, once its process group is gone);
+    return how many. Failures are logged, never raised."""
+    removed = 0
+    try:
+        paths = sorted(p for p in shm_dir.iterdir() if p.name.startswith(prefix))
+    except OSError:
+        return 0
+    for path in paths:
+        try:
+            path.unlink()
+            removed += 1
+        except OSError as err:
+            logger.warning("could not remove shared-memory region %s: %s", path, err)
+    return removed
+
+
 def clean_leftovers(
     shm_dir: Path = SHM_DIR, tmp_dir: Path = TMP_DIR, min_age_s: float = 60.0
 ) -> CleanupReport:

@@ -5,7 +5,14 @@ deployment with the tritonserver bundled in nvidia-pytriton (`make serve`). The 
 (docker/serve_gpu.sh) runs the same command with its installed tritonserver, backend directory,
 two repositories, `--model-config-name gpu` and the models to load, so both deployments get the
 same exposure (avspec.serving.server_process, avspec.serving.exposure). It prints one line when
-every model is ready; the first SIGINT/SIGTERM stops the server gracefully.
+every model is ready; the first SIGINT/SIGTERM stops the server gracefully. A tritonserver that
+dies is started again (avspec.serving.restart: backoff, at most --max-restarts per
+--restart-window-s) while the front answers 503 with Retry-After.
+
+Started as root, the launcher reads the admin key, gives the server's user (`--user`, default
+uid/gid 10001) its snapshot directories, and executes itself again inside the sandbox as that
+user (avspec.serving.sandbox): the front, tritonserver and every stub run unprivileged, with a
+private /dev/shm. The key crosses the exec through an inherited pipe, never argv or environ.
 
 `--draft-model DIR --target-model DIR` (`make serve DRAFT_MODEL=... TARGET_MODEL=...`) serve a
 user's pair: before tritonserver starts, the pair is checked from configs and tokenizers only
@@ -29,7 +36,21 @@ from pathlib import Path
 from avspec.serving.exposure import ADMIN_KEY_ENV, ADMIN_KEY_HEADER, read_admin_key
 from avspec.serving.model_pair import prepare_pair
 from avspec.serving.repository import copy_repository
+from avspec.serving.restart import RestartBudget
+from avspec.serving.sandbox import (
+    DEFAULT_SERVER_USER,
+    SANDBOXED_ENV,
+    ServerUser,
+    runtime_paths,
+    sandbox_command,
+    server_user,
+)
+from avspec.serving.served_models import locate_models, repository_models
+from avspec.serving.server_files import grant_writable, server_files
 from avspec.serving.server_process import ServerError, ServerProcess
+from avspec.serving.triton_env import BACKEND_SOURCE_DIR
+
+ADMIN_KEY_FD_ENV = "AVSPEC_ADMIN_KEY_FD"  # the pipe holding the key across the sandbox's exec
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -89,8 +110,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--target-model", type=Path, help="the target's model directory (see --draft-model)"
     )
+    parser.add_argument(
+        "--user",
+        help=f"started as root: the user everything runs as once the launcher has dropped "
+        f"root (NAME, UID or UID:GID; default {DEFAULT_SERVER_USER}; 'root' keeps root, not "
+        f"advised); started as another user, that user",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="restarts of a dead tritonserver allowed within --restart-window-s (0: exit)",
+    )
+    parser.add_argument("--restart-window-s", type=float, default=600.0)
     _add_server_choice(parser)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # to execute again as given
+    return args
 
 
 def _add_server_choice(parser: argparse.ArgumentParser) -> None:
@@ -147,8 +183,12 @@ def main(argv: list[str] | None = None) -> int:
 
     The first SIGINT/SIGTERM stops the server gracefully (status 0); one more during the stop
     is noted, the next kills the server's process group at once (`ServerProcess.stop`).
+    Run as the process's command (`argv` None) by root, the launcher executes itself again in
+    the sandbox (`_reexec_sandboxed`); called with `argv` from Python it keeps its process, and
+    only tritonserver and its stubs are sandboxed (ServerProcess).
     """
     args = parse_args(argv)
+    args.reexec = argv is None
     previous = {s: signal.signal(s, _request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         return _serve(args)
@@ -178,11 +218,67 @@ def prepare_repository(
 
 
 def _serve(args: argparse.Namespace) -> int:
+    try:
+        admin_key = _admin_key(args)
+        user = server_user(args.user) if not os.environ.get(SANDBOXED_ENV) else None
+        if user is not None and args.reexec:
+            _reexec_sandboxed(args, user, admin_key)  # returns only on failure
+        elif user is None and os.geteuid() == 0 and not os.environ.get(SANDBOXED_ENV):
+            print("avspec: --user root: tritonserver and its stubs run as root", flush=True)
+    except (ValueError, OSError, ServerError) as err:
+        print(f"avspec: {err}", file=sys.stderr, flush=True)
+        return 1
     with tempfile.TemporaryDirectory(prefix="avspec-repository-") as workdir:
-        return _serve_in(args, Path(workdir))
+        return _serve_in(args, Path(workdir), admin_key)
 
 
-def _serve_in(args: argparse.Namespace, workdir: Path) -> int:
+def _admin_key(args: argparse.Namespace) -> str | None:
+    """The operator's key: from the sandbox's pipe, else --admin-key-file or AVSPEC_ADMIN_KEY.
+
+    It stays in this process's memory only: the variable is removed from the environment (no
+    child inherits it), and the pipe is read to its end and closed.
+    """
+    fd = os.environ.pop(ADMIN_KEY_FD_ENV, None)
+    if fd is not None:
+        with os.fdopen(int(fd), "r") as pipe:
+            return read_admin_key(None, {ADMIN_KEY_ENV: pipe.read()})
+    key = read_admin_key(args.admin_key_file)
+    os.environ.pop(ADMIN_KEY_ENV, None)
+    return key
+
+
+def _reexec_sandboxed(args: argparse.Namespace, user: ServerUser, admin_key: str | None) -> None:
+    """Started as root: give `user` its snapshot directories, then execute this launcher again
+    inside the sandbox as `user`, with the same arguments and the key in an inherited pipe.
+
+    The snapshot paths of a repository copy (`prepare_repository`) are the original's, made
+    absolute against the same root, so granting the originals' is enough.
+    """
+    repositories = [Path(r).resolve() for r in args.model_repository]
+    models = [m for r in repositories for m in repository_models(r)]
+    files = server_files(repositories, locate_models(repositories, models), args.model_config_name)
+    grant_writable(files.writable, user)
+    expose = [
+        *runtime_paths(),
+        BACKEND_SOURCE_DIR,
+        Path.cwd(),
+        *files.readable,
+        *(Path(p).resolve() for p in (args.draft_model, args.target_model) if p is not None),
+        *(Path(p).resolve() for p in (args.tritonserver, args.backend_directory) if p),
+    ]
+    if admin_key is not None:
+        read_end, write_end = os.pipe()
+        os.write(write_end, admin_key.encode())
+        os.close(write_end)
+        os.set_inheritable(read_end, True)
+        os.environ[ADMIN_KEY_FD_ENV] = str(read_end)
+    launcher = [sys.executable, "-m", "avspec.serving.launcher", *args.argv]
+    print(f"avspec: dropping root: the server runs as uid {user.uid}, gid {user.gid}", flush=True)
+    command = sandbox_command(launcher, user, expose, files.writable)
+    os.execv(command[0], command)
+
+
+def _serve_in(args: argparse.Namespace, workdir: Path, admin_key: str | None) -> int:
     server = None
     try:
         repositories = list(args.model_repository)
@@ -200,16 +296,17 @@ def _serve_in(args: argparse.Namespace, workdir: Path) -> int:
             ready_timeout_s=args.ready_timeout_secs,
             cpu_threads=args.cpu_threads or None,
             host=args.host,
-            admin_key=read_admin_key(args.admin_key_file),
+            admin_key=admin_key,
             max_body_bytes=args.max_body_bytes,
             tritonserver=args.tritonserver,
             backend_directory=args.backend_directory,
             extra_repositories=repositories[1:],
             model_config_name=args.model_config_name,
             load_models=args.load_models,
+            user=args.user,
         )
         server.start()
-        admin = "open with the operator's key" if server.keys.operator_admin_key else "closed"
+        admin = "open with the operator's key" if server.admin_key else "closed"
         print(
             f"avspec: serving {len(server.models)} models on {server.host}, "
             f"HTTP :{server.http_port} gRPC :{server.grpc_port} metrics :{server.metrics_port} "
@@ -217,9 +314,7 @@ def _serve_in(args: argparse.Namespace, workdir: Path) -> int:
             f"{admin})",
             flush=True,
         )
-        while (code := server.process.poll()) is None:
-            time.sleep(0.5)
-        print(f"avspec: tritonserver exited unexpectedly with code {code}", file=sys.stderr)
+        code = _keep_serving(server, RestartBudget(args.max_restarts, args.restart_window_s))
         server.stop()
         return code or 1
     except (ServerError, ValueError, OSError) as err:
@@ -231,6 +326,43 @@ def _serve_in(args: argparse.Namespace, workdir: Path) -> int:
         code = server.stop() if server is not None else None
         print(f"avspec: stopped on {why} (tritonserver exit code {code})", flush=True)
         return 0
+
+
+def _keep_serving(server: ServerProcess, budget: RestartBudget) -> int | None:
+    """Watch tritonserver; start it again when it dies, until the restart budget is spent.
+
+    Returns the exit code of the death that exhausted the budget. The front stays up throughout
+    and answers 503 with Retry-After while tritonserver is down.
+    """
+    while True:
+        while (code := server.process.poll()) is None:
+            time.sleep(0.5)
+        server.mark_down(f"tritonserver exited with code {code}; restarting, retry shortly")
+        while True:
+            delay = budget.next_delay(time.monotonic())
+            if delay is None:
+                print(
+                    f"avspec: tritonserver exited with code {code}; {budget.max_restarts} "
+                    f"restarts within {budget.window_s:.0f} s already: giving up",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return code
+            print(
+                f"avspec: tritonserver exited with code {code}; restarting in {delay:.0f} s "
+                f"(restart {budget.used} of {budget.max_restarts} in {budget.window_s:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+            time.sleep(delay)
+            try:
+                server.restart()
+            except ServerError as err:
+                print(f"avspec: restart failed: {err}", file=sys.stderr, flush=True)
+                code = server.process.poll() if server.process is not None else code
+                continue
+            print("avspec: tritonserver restarted; serving again", flush=True)
+            break
 
 
 if __name__ == "__main__":

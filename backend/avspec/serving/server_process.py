@@ -1,11 +1,17 @@
 """A tritonserver on model repositories, behind the front, with a stage supervisor.
 
-Safe by default (avspec.serving.exposure): tritonserver listens on 127.0.0.1 behind the front
-(avspec.serving.front), which alone holds the public HTTP and gRPC ports and routes inference on
-`speculative`, health and metadata; model control and the other admin APIs need the operator's
-admin key. A supervisor (avspec.serving.supervisor) reloads a model whose stub died. Models are
-loaded in explicit control mode (`--load-model=*`, or the models given), so an operator with the
-key may unload and reload single models (the serving tests do this to prove warm start).
+Safe by default (avspec.serving.exposure): tritonserver's HTTP and gRPC are Unix sockets in a
+private run directory only the server's user may enter, its metrics a loopback port; the front
+(avspec.serving.front) alone holds the public HTTP, gRPC and metrics ports and routes inference
+on `speculative`, health, metadata and /metrics; model control and the other admin APIs open
+only with the operator's admin key. Started as root, tritonserver and its stubs run as a
+dedicated user with private shared memory (avspec.serving.sandbox), given read access to the
+repositories and models and write access to the snapshot directory only
+(avspec.serving.server_files). A supervisor (avspec.serving.supervisor) reloads a model whose
+stub died; `restart()` starts a dead tritonserver again while the front keeps its ports.
+Models are loaded in explicit control mode (`--load-model=*`, or the models given), so an
+operator with the key may unload and reload single models (the serving tests do this to prove
+warm start).
 
 Which server (avspec.serving.triton_env): by default the one bundled in nvidia-pytriton on one
 repository (the CPU deployment). The GPU container (docker/serve_gpu.sh) passes its installed
@@ -16,30 +22,39 @@ to load; the exposure is the same.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from avspec.serving.cleanup import clean_leftovers, shm_prefix
-from avspec.serving.exposure import ADMIN_KEY_HEADER, Keys
+from avspec.serving.cleanup import clean_leftovers, remove_regions, shm_prefix
+from avspec.serving.exposure import triton_flags
 from avspec.serving.front import Front, FrontConfig, generate_schema_from_config
+from avspec.serving.sandbox import (
+    SANDBOXED_ENV,
+    ServerUser,
+    runtime_paths,
+    sandbox_command,
+    server_user,
+)
 from avspec.serving.served_models import (
     locate_models,
     model_config_file,
     repository_models,
     runs_on_python_backend,
 )
+from avspec.serving.server_files import grant_writable, server_files, unreadable
 from avspec.serving.supervisor import StageSupervisor
-from avspec.serving.triton_env import TritonInstall, prepare_backend_directory
+from avspec.serving.triton_api import TritonAPI, TritonAPIError
+from avspec.serving.triton_env import BACKEND_SOURCE_DIR, TritonInstall, prepare_backend_directory
+
+_GRPC_SOCKET_PORT = 1  # Triton names its gRPC socket "<address>:<port>"; otherwise unused
 
 
 class ServerError(RuntimeError):
@@ -60,10 +75,13 @@ class ServerProcess:
     ServerError (server exited, or not ready within `ready_timeout_s`). `stop()` sends SIGTERM,
     then SIGKILL to the whole process group after `exit_timeout_s` + 10 s.
 
-    http_port and grpc_port are the front's public ports on `host`; tritonserver's own HTTP and
-    gRPC ports are free loopback ports (`internal_http_url`). `admin_key`: the operator's key
-    for the admin APIs (None: closed to clients). `public_model`: the one model clients may
-    run; its configuration gives the front the generate body's schema.
+    http_port, grpc_port and metrics_port are the front's public ports on `host`; tritonserver's
+    own HTTP and gRPC are Unix sockets in the run directory (`triton_api`), its metrics a free
+    loopback port. `admin_key`: the operator's key for the admin APIs (None: closed, and no key
+    exists). `public_model`: the one model clients may run; its configuration gives the front
+    the generate body's schema. `user`: who tritonserver runs as when started by root ("NAME",
+    "UID[:GID]", None for avspec.serving.sandbox.DEFAULT_SERVER_USER, "root" to stay root);
+    ignored (the caller's user) otherwise.
 
     Which server (all keyword options; the defaults are the CPU deployment): `tritonserver`, a
     path or a name on PATH (None: the wheel's, run with the wheel's environment; another one
@@ -96,7 +114,12 @@ class ServerProcess:
         extra_repositories: Sequence[str | Path] = (),
         model_config_name: str | None = None,
         load_models: Sequence[str] | None = None,
+        user: str | None = None,
     ) -> None:
+        try:
+            self.user: ServerUser | None = server_user(user)
+        except ValueError as err:
+            raise ServerError(str(err)) from None
         self.model_repositories = tuple(
             Path(r).resolve() for r in (model_repository, *extra_repositories)
         )
@@ -128,15 +151,19 @@ class ServerProcess:
         self.log_path = Path(log_path) if log_path is not None else None
         self.cpu_threads = cpu_threads
         self.host = host
-        self.keys = Keys(operator_admin_key=admin_key)
+        self.admin_key = admin_key
         self.max_body_bytes = max_body_bytes
         self.public_model = public_model
         self.supervise = supervise
-        self.internal_http_port = self.internal_grpc_port = 0
+        self.internal_metrics_port = 0
         self.process: subprocess.Popen | None = None
         self.front: Front | None = None
         self.supervisor: StageSupervisor | None = None
-        self._workdir: tempfile.TemporaryDirectory | None = None
+        self.run_dir: Path | None = None  # sockets, backends, HOME; the server user's alone
+        self._backends: Path | None = None
+        self._serving = False  # tritonserver up and every model ready (False while restarting)
+        self._exposed: list[Path] = []  # what the server's user is shown in its sandbox
+        self._writable: list[Path] = []  # ... and may write there (the snapshot directories)
 
     @property
     def http_url(self) -> str:
@@ -151,9 +178,24 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     @property
-    def internal_http_url(self) -> str:
-        """tritonserver's own HTTP endpoint (loopback; inference and admin need keys)."""
-        return f"http://127.0.0.1:{self.internal_http_port}"
+    def http_socket(self) -> Path:
+        """tritonserver's own HTTP endpoint, a Unix socket only the server's user may open."""
+        return self._run_path() / "http.sock"
+
+    @property
+    def grpc_socket(self) -> Path:
+        """tritonserver's own gRPC endpoint (Triton appends the port to the address given)."""
+        return self._run_path() / f"grpc:{_GRPC_SOCKET_PORT}"
+
+    @property
+    def triton_api(self) -> TritonAPI:
+        """tritonserver's HTTP API on its socket (readiness, model reloads)."""
+        return TritonAPI(str(self.http_socket))
+
+    def _run_path(self) -> Path:
+        if self.run_dir is None:
+            raise ServerError("server not started")
+        return self.run_dir
 
     def command(self, backend_directory: Path | None) -> list[str]:
         """Return the tritonserver command line (no `--backend-directory` for None)."""
@@ -169,14 +211,14 @@ class ServerProcess:
             "--model-control-mode=explicit",
             *loads,
             "--disable-auto-complete-config",  # config.pbtxt is complete; saves a stub per model
-            "--http-address=127.0.0.1",
-            f"--http-port={self.internal_http_port}",
-            "--grpc-address=127.0.0.1",
-            f"--grpc-port={self.internal_grpc_port}",
-            *self.keys.triton_flags(),
+            f"--http-address=unix:{self.http_socket}",
+            "--http-port=1",  # unused for a Unix socket, but must be valid
+            f"--grpc-address=unix:{self.grpc_socket.parent / 'grpc'}",
+            f"--grpc-port={_GRPC_SOCKET_PORT}",
+            *triton_flags(),
             "--allow-metrics=true",
-            f"--metrics-address={self.host}",
-            f"--metrics-port={self.metrics_port}",
+            "--metrics-address=127.0.0.1",
+            f"--metrics-port={self.internal_metrics_port}",
             # regions named after this launcher, so the next start can tell its leftovers
             f"--backend-config=python,shm-region-prefix-name={shm_prefix(os.getpid())}",
             f"--exit-timeout-secs={self.exit_timeout_s}",
@@ -189,32 +231,76 @@ class ServerProcess:
             raise ServerError("server already started")
         try:
             clean_leftovers()
-            self.internal_http_port, self.internal_grpc_port = free_port(), free_port()
-            self._launch(self._prepare_backends())
+            self.prepare_files()
+            self.run_dir = Path(tempfile.mkdtemp(prefix="avspec-run-"))
+            self._backends = self._prepare_backends(self.run_dir)
+            if self._drops_privileges:
+                os.chown(self.run_dir, self.user.uid, self.user.gid)
+            self.internal_metrics_port = free_port()
+            self._launch()
             self.wait_ready()
             self._start_supervisor()
+            self._serving = True
             self._start_front()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _prepare_backends(self) -> Path | None:
+    @property
+    def _drops_privileges(self) -> bool:
+        """Whether tritonserver is started as root and must drop to `user`."""
+        return self.user is not None and os.geteuid() == 0
+
+    def prepare_files(self) -> None:
+        """Give the server's user its snapshot directories; check it can read the rest.
+
+        Run as root before the launcher drops its own privileges (the chown needs root), and
+        again by `start` (then a check only). ServerError names every path it cannot read.
+        """
+        files = server_files(self.model_repositories, self.model_homes, self.model_config_name)
+        self._exposed = [
+            *runtime_paths(),
+            BACKEND_SOURCE_DIR,
+            self.triton.binary.parent,
+            *([self.triton.backend_directory] if self.triton.backend_directory else []),
+            *files.readable,
+        ]
+        self._writable = list(files.writable)
+        if self._drops_privileges:
+            grant_writable(files.writable, self.user)
+            missing = unreadable(files.readable, self.user, self._exposed, self._writable)
+        else:
+            missing = [str(p) for p in files.readable if p.exists() and not os.access(p, os.R_OK)]
+        if missing:
+            who = f"user {self.user}" if self._drops_privileges else f"uid {os.geteuid()}"
+            raise ServerError(
+                f"the server's {who} cannot read {', '.join(missing)}: make them readable "
+                "(chmod -R o+rX, and o+x on every directory above) or choose --user"
+            )
+
+    def _prepare_backends(self, run_dir: Path) -> Path | None:
         """The backend directory to pass (None: tritonserver's own default)."""
         if not self.triton.assembles_backends:
             return self.triton.backend_directory
-        self._workdir = tempfile.TemporaryDirectory(prefix="avspec-triton-")
         try:
-            return prepare_backend_directory(Path(self._workdir.name) / "backends")
+            return prepare_backend_directory(run_dir / "backends")
         except FileNotFoundError as err:
             raise ServerError(str(err)) from None
 
-    def _launch(self, backends: Path | None) -> None:
+    def _launch(self) -> None:
+        environment = self.triton.environment(self.cpu_threads)
+        if self._drops_privileges:
+            environment["HOME"] = str(self.run_dir)  # root's home is not the server user's
+        command = self.command(self._backends)
+        if not os.environ.get(SANDBOXED_ENV):  # the launcher may have entered it already
+            user = self.user if self._drops_privileges else None
+            command = sandbox_command(command, user, self._exposed, self._writable)
         out = open(self.log_path, "ab") if self.log_path is not None else None  # noqa: SIM115
         try:
             self.process = subprocess.Popen(
-                self.command(backends),
-                env=self.triton.environment(self.cpu_threads),
+                command,
+                env=environment,
                 stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None,
                 start_new_session=True,  # own process group: stop() reaches the stub processes
@@ -247,7 +333,7 @@ class ServerProcess:
             self._stub_root(),
             supervised,
             reload=self.reload_model,
-            is_loaded=lambda model: self._http_ok(f"/v2/models/{model}/ready"),
+            is_loaded=lambda model: self.triton_api.ok(f"/v2/models/{model}/ready"),
             on_dead=self._on_dead_stage,
             followers={self.public_model: [m for m in supervised if m != self.public_model]},
         ).start()
@@ -262,17 +348,25 @@ class ServerProcess:
                 host=self.host,
                 http_port=self.http_port,
                 grpc_port=self.grpc_port,
-                upstream_http=f"127.0.0.1:{self.internal_http_port}",
-                upstream_grpc=f"127.0.0.1:{self.internal_grpc_port}",
-                front_key=self.keys.front_key,
-                admin_key=self.keys.operator_admin_key,
+                upstream_http=f"unix:{self.http_socket}",
+                upstream_grpc=f"unix:{self.grpc_socket}",
+                admin_key=self.admin_key,
                 public_models=(self.public_model,),
+                internal_models=tuple(m for m in self.models if m != self.public_model),
+                upstream_metrics=f"127.0.0.1:{self.internal_metrics_port}",
+                metrics_port=self.metrics_port,
                 generate_schema=generate_schema_from_config(config_file.read_text()),
                 max_body_bytes=self.max_body_bytes,
-                ready=self.supervisor.ready if self.supervisor is not None else None,
+                ready=self.stages_ready,
             )
         ).start()
         self.http_port, self.grpc_port = self.front.http_port, self.front.grpc_port
+        self.metrics_port = self.front.metrics_port
+
+    def stages_ready(self) -> bool:
+        """The front's readiness gate: tritonserver up and no stage being reloaded."""
+        supervisor = self.supervisor
+        return self._serving and (supervisor is None or supervisor.ready())
 
     def _on_dead_stage(self, model: str) -> None:
         # A decoupled request whose stub died is never answered (Triton 2.51): end those
@@ -284,6 +378,37 @@ class ServerProcess:
         """Unload then load `model` (a plain load of an unchanged model does nothing in 2.51)."""
         self.repository_action(model, "unload")
         self.repository_action(model, "load")
+
+    def mark_down(self, message: str) -> None:
+        """tritonserver died: the front answers 503 (Retry-After) and ends the calls in flight."""
+        self._serving = False
+        if self.front is not None:
+            self.front.abort_inference(message)
+
+    def restart(self) -> None:
+        """Start tritonserver again after it died, with the same sockets, ports and front.
+
+        The front keeps listening and answers 503 meanwhile (`stages_ready`); the estimator comes
+        back from its last snapshot (saved at every refit). ServerError if it does not come up.
+        """
+        if self.run_dir is None:
+            raise ServerError("server not started")
+        self.mark_down("tritonserver is restarting; retry shortly")
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
+        process, self.process = self.process, None
+        if process is not None:
+            self._kill_group(process.pid)
+            process.wait()
+            # a private /dev/shm vanished with it; in the host's, its regions are removed here
+            remove_regions(shm_prefix(os.getpid()))
+        for sock in (self.http_socket, self.grpc_socket):
+            sock.unlink(missing_ok=True)
+        self._launch()
+        self.wait_ready()
+        self._start_supervisor()
+        self._serving = True
 
     def wait_ready(self) -> None:
         """Poll until the server and every model answer ready; raise ServerError otherwise."""
@@ -301,32 +426,17 @@ class ServerProcess:
                     f"tritonserver not ready after {self.ready_timeout_s:.0f} s "
                     f"(still waiting for {pending[0]})"
                 )
-            if self._http_ok(pending[0]):
+            if self.triton_api.ok(pending[0]):
                 pending.pop(0)
             else:
                 time.sleep(0.25)
 
-    def _http_ok(self, path: str) -> bool:
-        try:
-            with urllib.request.urlopen(self.internal_http_url + path, timeout=2) as response:
-                return response.status == 200
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
-
     def repository_action(self, model: str, action: str) -> None:
         """POST `load` or `unload` for `model` to the repository API; ServerError on failure."""
-        url = f"{self.internal_http_url}/v2/repository/models/{model}/{action}"
-        request = urllib.request.Request(
-            url,
-            data=json.dumps({}).encode(),
-            headers={ADMIN_KEY_HEADER: self.keys.admin_key},
-            method="POST",
-        )
         try:
-            with urllib.request.urlopen(request, timeout=self.ready_timeout_s) as response:
-                response.read()
-        except urllib.error.HTTPError as err:
-            raise ServerError(f"{action} {model}: {err.code} {err.read().decode()}") from None
+            self.triton_api.repository_action(model, action, self.ready_timeout_s)
+        except TritonAPIError as err:
+            raise ServerError(str(err)) from None
 
     def stop(self) -> int | None:
         """Stop the server (SIGTERM, then SIGKILL to its process group); return its exit code.
@@ -376,9 +486,10 @@ class ServerProcess:
                 self._kill_group(process.pid)
                 if code is None:
                     code = process.wait()
-            if self._workdir is not None:
-                self._workdir.cleanup()
-                self._workdir = None
+            if self.run_dir is not None:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+                self.run_dir = None
+            self._serving = False
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return code

@@ -163,6 +163,7 @@ def test_gpu_deployment_supervises_its_python_stages(tmp_path: Path) -> None:
     )
     assert server.models == loads  # readiness waits for each
     assert server.supervised_models() == ["trtllm_target", "draft", "verifier", "speculative"]
+    server.run_dir = tmp_path
     command = server.command(None)
     assert "--load-model=*" not in command and "--backend-directory" not in " ".join(command)
     assert [a for a in command if a.startswith("--load-model=")] == [
@@ -174,7 +175,7 @@ def test_command_uses_explicit_model_control(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.pbtxt").write_text('backend: "python"')
     server = ServerProcess(tmp_path, 1, 2, 3)
-    server.internal_http_port, server.internal_grpc_port = 11, 12
+    server.run_dir, server.internal_metrics_port = tmp_path / "run", 13
     assert repository_models(tmp_path) == ["m"]
     command = server.command(tmp_path / "backends")
     assert command[0] == str(tritonserver_binary())
@@ -182,24 +183,26 @@ def test_command_uses_explicit_model_control(tmp_path: Path) -> None:
     assert f"--backend-directory={tmp_path / 'backends'}" in command
     assert "--model-control-mode=explicit" in command and "--load-model=*" in command
     assert not any(a.startswith("--model-config-name") for a in command)
-    # Triton's own ports on loopback only; the public ports are the front's
-    assert "--http-address=127.0.0.1" in command and "--http-port=11" in command
-    assert "--grpc-address=127.0.0.1" in command and "--grpc-port=12" in command
-    assert "--metrics-port=3" in command
+    # Triton's HTTP and gRPC on Unix sockets in the run directory, its metrics on loopback;
+    # the public ports are the front's
+    run = tmp_path / "run"
+    assert f"--http-address=unix:{run / 'http.sock'}" in command
+    assert f"--grpc-address=unix:{run / 'grpc'}" in command and "--grpc-port=1" in command
+    assert server.grpc_socket == run / "grpc:1"  # Triton appends the port to the address
+    assert "--metrics-address=127.0.0.1" in command and "--metrics-port=13" in command
     assert server.http_url.endswith(":1") and server.metrics_url.endswith(":3/metrics")
 
 
-def test_command_restricts_inference_to_the_front_and_admin_to_the_key(tmp_path: Path) -> None:
+def test_no_key_on_the_command_line(tmp_path: Path) -> None:
+    """Any local user reads /proc/<pid>/cmdline: neither the operator's key nor any other
+    secret is there, and Triton restricts nothing by key (only the front reaches it)."""
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.pbtxt").write_text('backend: "python"')
     server = ServerProcess(tmp_path, admin_key="operator-key-0123456789")
+    server.run_dir = tmp_path / "run"
     command = server.command(tmp_path / "backends")
-    front = f"inference:avspec-front-key={server.keys.front_key}"
-    admin = "model-repository,model-config,shared-memory,statistics,trace,logging"
-    for flag in ("--http-restricted-api", "--grpc-restricted-protocol"):
-        assert f"{flag}={front}" in command
-        assert f"{flag}={admin}:avspec-admin-key=operator-key-0123456789" in command
-    assert ServerProcess(tmp_path).keys.admin_key != ServerProcess(tmp_path).keys.admin_key
+    assert "operator-key-0123456789" not in " ".join(command)
+    assert not [a for a in command if a.startswith(("--http-restricted", "--grpc-restricted"))]
 
 
 # A stand-in server: its own session (like tritonserver), one child in its group (like a stub),

@@ -18,11 +18,17 @@ class FrontConfig:
     host: str  # public bind address (an IP literal), e.g. "0.0.0.0" or "127.0.0.1"
     http_port: int  # public HTTP port; 0 picks a free one (see Front.http_port)
     grpc_port: int  # public gRPC port; 0 picks a free one
-    upstream_http: str  # "127.0.0.1:PORT" of tritonserver's HTTP
-    upstream_grpc: str  # "127.0.0.1:PORT" of tritonserver's gRPC
-    front_key: str  # sent upstream on every forwarded call (`avspec-front-key`, see exposure)
+    upstream_http: str  # tritonserver's HTTP: "unix:/path/of/socket" or "HOST:PORT"
+    upstream_grpc: str  # tritonserver's gRPC: "unix:/path/of/socket" or "HOST:PORT"
     admin_key: str | None = None  # operator key; None closes the admin API at the front
     public_models: tuple[str, ...] = ("speculative",)
+    # the other models the server loads: named, they are refused as internal (403); any other
+    # name is unknown (404)
+    internal_models: tuple[str, ...] = ()
+    # tritonserver's metrics ("HOST:PORT", loopback) and the public port that serves only its
+    # /metrics (0 picks a free one); None serves no metrics port
+    upstream_metrics: str | None = None
+    metrics_port: int = 0
     generate_schema: GenerateSchema = field(default_factory=lambda: DEFAULT_GENERATE_SCHEMA)
     max_body_bytes: int = 1 << 20
     ready: Callable[[], bool] | None = None  # extra readiness; False -> not ready
@@ -30,21 +36,39 @@ class FrontConfig:
     read_timeout_s: float = 30.0  # for a request's head and body, and each write to a client
     connect_timeout_s: float = 5.0  # for the upstream connection
     max_connections: int = 1024  # concurrent HTTP connections, and concurrent gRPC calls
+    # HTTP connections, and gRPC streams, from one IP address at once (front.limits): one
+    # attacker opens many from one address; 128 leaves a client its 64 running and 64 queued
+    max_per_address: int = 128
+    # a gRPC stream that sent no request for this long and has none in progress is ended
+    stream_idle_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("front_key", "admin_key"):
-            value = getattr(self, name)
-            if value is not None and not _HEADER_SAFE.fullmatch(value):
-                raise ValueError(f"{name} must be non-empty printable ASCII without spaces")
-        for name in ("upstream_http", "upstream_grpc"):
-            split_host_port(getattr(self, name))
+        if self.admin_key is not None and not _HEADER_SAFE.fullmatch(self.admin_key):
+            raise ValueError("admin_key must be non-empty printable ASCII without spaces")
+        for name in ("upstream_http", "upstream_grpc", "upstream_metrics"):
+            if getattr(self, name) is not None:
+                upstream_address(getattr(self, name))
         if self.max_body_bytes <= 0 or self.max_header_bytes <= 0 or self.max_connections <= 0:
             raise ValueError("max_body_bytes, max_header_bytes and max_connections must be > 0")
+        if self.max_per_address <= 0 or not self.stream_idle_timeout_s > 0:
+            raise ValueError("max_per_address and stream_idle_timeout_s must be > 0")
 
 
-def split_host_port(address: str) -> tuple[str, int]:
-    """("host", port) of "host:port" or "[v6]:port"; ValueError otherwise."""
+UNIX_PREFIX = "unix:"
+
+
+def upstream_address(address: str) -> tuple[str, int] | str:
+    """The socket path of "unix:/path", or ("host", port) of "host:port" / "[v6]:port".
+
+    ValueError for anything else. tritonserver listens on Unix sockets in a directory only its
+    user may enter (avspec.serving.server_process); host:port serves the tests' fake servers.
+    """
+    if address.startswith(UNIX_PREFIX):
+        path = address[len(UNIX_PREFIX) :]
+        if not path.startswith("/"):
+            raise ValueError(f"upstream address {address!r} is not unix:/ABSOLUTE/PATH")
+        return path
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"upstream address {address!r} is not HOST:PORT")
+        raise ValueError(f"upstream address {address!r} is not HOST:PORT or unix:/PATH")
     return host.strip("[]"), int(port)

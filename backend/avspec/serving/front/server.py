@@ -1,6 +1,6 @@
-"""Front: both relays on one asyncio event loop in a background thread.
+"""Front: the relays (HTTP, gRPC, metrics) on one asyncio event loop in a background thread.
 
-`Front(config).start()` binds both public ports and returns once they listen; `stop()` closes
+`Front(config).start()` binds the public ports and returns once they listen; `stop()` closes
 them and every open connection. `abort_inference(message)` ends every forwarded inference call
 in progress (for when the entry model's stub died and Triton will never answer them).
 """
@@ -17,6 +17,7 @@ from avspec.serving.front.config import FrontConfig
 from avspec.serving.front.grpc_relay import GrpcRelay
 from avspec.serving.front.http_relay import HttpRelay
 from avspec.serving.front.inflight import InFlight
+from avspec.serving.front.metrics_relay import MetricsRelay
 
 _log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ class Front:
         self._inflight = InFlight()
         self._http = HttpRelay(config, self._inflight)
         self._grpc = GrpcRelay(config, self._inflight)
+        self._metrics = MetricsRelay(config) if config.upstream_metrics is not None else None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -43,6 +45,11 @@ class Front:
     @property
     def grpc_port(self) -> int:
         return self._grpc.port
+
+    @property
+    def metrics_port(self) -> int:
+        """The public metrics port (0 when the front serves no metrics)."""
+        return self._metrics.port if self._metrics is not None else 0
 
     def start(self) -> Front:
         """Bind both ports and serve in the background; return once listening."""
@@ -140,7 +147,11 @@ class Front:
     async def _open(self) -> None:
         await self._http.open()
         await self._grpc.open()
+        if self._metrics is not None:
+            await self._metrics.open()
 
     async def _close(self) -> None:
+        if self._metrics is not None:
+            await self._metrics.close()
         await self._grpc.close()
         await self._http.close()
