@@ -3,8 +3,10 @@
 # target through TensorRT-LLM's stock converter and trtllm-build, avspec.trtllm.hf_engine;
 # docs/gpu.md "Your own pair on the GPU"), fill the GPU
 # templates, then serve both repositories with the gpu configs through the launcher
-# (avspec.serving.launcher): tritonserver on 127.0.0.1 behind the front, restricted APIs and the
-# stage supervisor, as in the CPU deployment (docs/serving.md, "What a client can reach").
+# (avspec.serving.launcher): tritonserver on Unix sockets behind the front, the server dropped to
+# its own user, the stage supervisor and restarts, as in the CPU deployment (docs/serving.md,
+# "What a client can reach"). AVSPEC_SERVER_USER picks that user (default uid 10001; the NGC
+# image's own non-root user is triton-server, uid 1000).
 # Values: AVSPEC_GPU_VALUES (a JSON file, default the example) plus `--set name=value` arguments
 # (those reach the templates only; the engine build reads the values file).
 # Admin APIs stay closed unless AVSPEC_ADMIN_KEY_FILE names a key file (first line, at least 16
@@ -55,6 +57,10 @@ if [[ -n "${AVSPEC_ADMIN_KEY_FILE:-}" ]]; then
     ADMIN=(--admin-key-file "${AVSPEC_ADMIN_KEY_FILE}")
 fi
 # --ready-timeout-secs: loading the engine on the first start can take minutes.
+USER_ARG=()
+if [[ -n "${AVSPEC_SERVER_USER:-}" ]]; then
+    USER_ARG=(--user "${AVSPEC_SERVER_USER}")
+fi
 exec python3 -m avspec.serving.launcher \
     --tritonserver "${TRITONSERVER}" --backend-directory "${BACKENDS}" \
     --model-repository "${ROOT}/model_repository" \
@@ -66,4 +72,4 @@ exec python3 -m avspec.serving.launcher \
     --host 0.0.0.0 --http-port "${AVSPEC_HTTP_PORT:-8000}" \
     --grpc-port "${AVSPEC_GRPC_PORT:-8001}" --metrics-port "${AVSPEC_METRICS_PORT:-8002}" \
     --exit-timeout-secs 30 --ready-timeout-secs 900 \
-    "${ADMIN[@]}" "${PAIR[@]}"
+    "${ADMIN[@]}" "${USER_ARG[@]}" "${PAIR[@]}"

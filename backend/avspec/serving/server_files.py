@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from avspec.serving.repository import read_config_parameters, resolve_path
-from avspec.serving.sandbox import ServerUser, sandbox_command
+from avspec.serving.sandbox import ServerUser, runtime_paths, sandbox_command
 from avspec.serving.served_models import model_config_file
 
 READ_PARAMETERS = ("model_dir", "cost_tables")
@@ -82,7 +82,10 @@ def unreadable(
         return []
     result = subprocess.run(
         sandbox_command(
-            [sys.executable, "-I", "-c", _CHECK, *names], user, list(expose), list(writable)
+            [sys.executable, "-I", "-c", _CHECK, *names],
+            user,
+            [*runtime_paths(), *expose],  # the checker is Python too
+            list(writable),
         ),
         capture_output=True,
         text=True,

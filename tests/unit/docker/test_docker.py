@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -161,10 +162,11 @@ def test_dashboard_is_well_formed_and_covers_every_av_metric() -> None:
 
 # A stand-in tritonserver, run by the launcher: records its argv, starts one stand-in stub per
 # Python-backend model it loads (argv shaped like the real stub's, so the launcher's supervisor
-# finds them) and answers readiness and a repository index on its --http-port, as Triton would.
+# finds them) and answers readiness and a repository index on its --http-address (a Unix socket),
+# as Triton would.
 _FAKE_TRITONSERVER = """
-import json, os, subprocess, sys
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import json, os, socketserver, subprocess, sys
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 argv = sys.argv[1:]
@@ -197,8 +199,10 @@ class Handler(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.answer(self.path == "/v2/repository/index", b"[]")
 
-port = int(values("--http-port")[0])
-ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+Server(values("--http-address")[0].removeprefix("unix:"), Handler).serve_forever()
 """
 
 
@@ -247,6 +251,11 @@ def stand_in_container(tmp_path: Path, max_seq_len: str, **env: str) -> Containe
     symlinks; free public ports; the entry script's environment (plus `env`)."""
     bin_dir, log = tmp_path / "triton" / "bin", tmp_path / "calls.log"
     bin_dir.mkdir(parents=True)
+    # started as root, the launcher runs the server as its own user, which reads the stand-ins
+    # and appends to the log (pytest makes tmp_path 0700)
+    tmp_path.chmod(0o755)
+    log.touch(mode=0o666)
+    log.chmod(0o666)
     (tmp_path / "triton" / "backends").mkdir()  # the layout serve_gpu.sh derives it from
     (tmp_path / "fake_tritonserver.py").write_text(_FAKE_TRITONSERVER)
     stand_ins = {
@@ -274,8 +283,11 @@ def stand_in_container(tmp_path: Path, max_seq_len: str, **env: str) -> Containe
         **env,
     }
     (tmp_path / "root").mkdir()
-    for name in ("models", "client", "model_repository", "model_repository_gpu"):
+    for name in ("models", "client", "model_repository_gpu"):
         (tmp_path / "root" / name).symlink_to(ROOT / name)
+    # a copy, so that its snapshot directory (runs/) lies here: the one place the server's
+    # user writes, which also makes the log writable to the stand-in tritonserver
+    shutil.copytree(ROOT / "model_repository", tmp_path / "root" / "model_repository")
     return Container(log, engine, ports, environment)
 
 
@@ -314,9 +326,9 @@ def test_entry_script_builds_the_engine_once_then_serves_behind_the_front(tmp_pa
     """docker/serve_gpu.sh on the CPU with a tiny Hugging Face pair, with stand-ins for the GPU
     programs: the stock converter runs once, `trtllm-build` gets the deployment's flags and sizes
     from the values file, the filled repository has no placeholder left, a second start reuses
-    the engine, and both starts run the stand-in tritonserver through the launcher: loopback
-    only, restricted APIs, both repositories with the gpu configs, the script's load list,
-    public ports held by the front."""
+    the engine, and both starts run the stand-in tritonserver through the launcher: Unix sockets
+    only, no key, both repositories with the gpu configs, the script's load list, public ports
+    held by the front."""
     box = stand_in_container(tmp_path, max_seq_len="128", **hf_pair_and_converters(tmp_path))
     log, engine, ports, env = box.log, box.engine, box.ports, box.env
     admin_key = "container-admin-key-0123456789"
@@ -363,7 +375,8 @@ def test_entry_script_builds_the_engine_once_then_serves_behind_the_front(tmp_pa
     servers = [json.loads(c.removeprefix("tritonserver ")) for c in calls[2:]]
     for argv in servers:
         _assert_launched_behind_the_front(argv, ports, filled, tmp_path / "triton" / "backends")
-    assert any(f"avspec-admin-key={admin_key}" in a for a in servers[1])
+    # the operator's key opens the admin API at the front only: it is on no command line
+    assert not any(admin_key in a for argv in servers for a in argv)
     assert not any(admin_key in a for a in servers[0])
 
 
@@ -383,17 +396,15 @@ def _assert_launched_behind_the_front(
     assert single["--model-config-name"] == "gpu"
     assert single["--backend-directory"] == str(backends)
     assert single["--model-control-mode"] == "explicit"
-    # Triton itself on loopback, on ports of its own; the public ports are the front's
-    assert single["--http-address"] == single["--grpc-address"] == "127.0.0.1"
-    assert {int(single["--http-port"]), int(single["--grpc-port"])}.isdisjoint(ports.values())
-    assert single["--metrics-address"] == "0.0.0.0"
-    assert single["--metrics-port"] == str(ports["METRICS"])
+    # Triton itself on Unix sockets in one private directory, its metrics on loopback; the
+    # public ports (metrics included) are the front's; no key of any kind on the command line
+    http, grpc = single["--http-address"], single["--grpc-address"]
+    assert http.startswith("unix:/") and grpc.startswith("unix:/")
+    assert Path(http[5:]).parent == Path(grpc[5:]).parent
+    assert single["--metrics-address"] == "127.0.0.1"
+    assert single["--metrics-port"] != str(ports["METRICS"])
     assert single["--exit-timeout-secs"] == "30"
-    restricted = [
-        v for k, v in flags if k in ("--http-restricted-api", "--grpc-restricted-protocol")
-    ]
-    assert len(restricted) == 4
-    assert sum(v.startswith("inference:avspec-front-key=") for v in restricted) == 2
+    assert not [k for k, _ in flags if "restricted" in k]
 
 
 def test_trtllm_extra_is_pinned_optional_and_matches_the_image() -> None:
