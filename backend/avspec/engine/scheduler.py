@@ -10,6 +10,24 @@ the Triton step ensemble).
   queues a request per client or raises `Overloaded` (nothing enqueued, `requests_rejected`
   counted); at each step boundary queued requests fill the free batch slots, one per client in
   turn.
+- Fair share of the batch (`fair_quotas` in avspec.engine.admission): at each step boundary, when
+  a client waits, every client with more live sequences than its max-min fair quota has its
+  excess paused, highest sequence ids (its latest requests) first, and the free slots go to the
+  clients under their quota. A paused sequence goes back to the front of its client's queue and
+  is NOT released: the stages keep its KV cache and its random generators, and it is simply left
+  out of the steps until it is admitted again, when it continues where it stopped (same
+  `start_positions`, same cache, same draws: its output is exactly what it would have been
+  unpaused whenever that output does not depend on the batch, e.g. adaptive verification off or
+  greedy; with it on, the verifier treats it like a new arrival, which the lossless argument
+  allows). Paused sequences still hold stage slots, so with `max_resident` (the stages'
+  `max_sequences`) a request that has not started yet is admitted only while live + paused stay
+  within it; a paused one can always resume. The stages' idle sweep frees a sequence not stepped
+  for their `idle_timeout_s`: keep `request_timeout_s` below it so a paused request ends with
+  the timeout error before its state could be swept (a swept one fails with an error, it never
+  hangs).
+- Wall-clock limit (`request_timeout_s`): at each step boundary a request queued, live or paused
+  for longer than the limit since `submit` is ended with `RequestTimedOut` through `on_error`
+  (released like a cancelled one).
 - Error isolation: if `step_fn` raises, the step is replayed for each sequence alone (the cache
   rule makes a replay safe; replays carry nothing: no `prev_num_accepted`, plan or timing). A
   sequence that still fails alone gets `on_error` and is released; the others continue. A
@@ -31,11 +49,12 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from avspec.contract import StepInputs, StepOutputs
-from avspec.engine.admission import AdmissionQueue, Overloaded
+from avspec.engine.admission import AdmissionQueue, Overloaded, fair_quotas
 from avspec.engine.refit_guard import RefitGuard, RefitRow
 from avspec.engine.sequence import (
     Carry,
@@ -67,11 +86,17 @@ class SchedulerCounters:
     requests_finished: int = 0
     requests_cancelled: int = 0
     requests_failed: int = 0
+    requests_timed_out: int = 0  # ended by request_timeout_s (not counted as failed)
+    preemptions: int = 0  # sequences paused to give their slot to a client under its share
     callback_errors: int = 0
     tokens_generated: int = 0
     drafted: int = 0
     verified: int = 0
     accepted: int = 0
+
+
+class RequestTimedOut(RuntimeError):
+    """A request ran past the per-request wall-clock limit; the message names the limit."""
 
 
 @dataclass
@@ -85,8 +110,10 @@ class _Events:
 class Scheduler:
     """Thread-safe in-flight batching scheduler over a step function.
 
-    The admission limits and the refit guard default to off (unbounded queue, every row
-    labelled); the served entry model sets them from its parameters (docs/serving.md).
+    The admission limits, the resident bound, the wall-clock limit and the refit guard default
+    to off (unbounded queue and residency, no limit, every row labelled); the served entry model
+    sets them from its parameters (docs/serving.md). The fair share of the batch is always on.
+    `clock` (seconds, monotonic) times the wall-clock limit.
     """
 
     def __init__(
@@ -102,6 +129,9 @@ class Scheduler:
         refit_max_temperature: float = math.inf,
         refit_client_share: float = 1.0,
         first_seq_id: int = 1,
+        max_resident: int | None = None,
+        request_timeout_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -111,11 +141,21 @@ class Scheduler:
             raise ValueError(f"max_context {max_context} leaves no room for a prompt and a token")
         if not 1 <= first_seq_id < 1 << 62:
             raise ValueError(f"first_seq_id must lie in 1..2^62-1, got {first_seq_id}")
+        if max_resident is not None and max_resident < max_batch_size:
+            raise ValueError(
+                f"max_resident must be >= max_batch_size {max_batch_size} or None, "
+                f"got {max_resident}"
+            )
+        if request_timeout_s is not None and not request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0 or None, got {request_timeout_s}")
         self.step_fn = step_fn
         self.eos_ids = as_eos_ids(eos_ids)
         self.max_batch_size = max_batch_size
         self.max_context = max_context
         self.max_draft_tokens = max_draft_tokens
+        self.max_resident = max_resident
+        self.request_timeout_s = request_timeout_s
+        self.clock = clock
         self.counters = SchedulerCounters()
         self._lock = threading.RLock()
         self._work = threading.Condition(self._lock)
@@ -144,8 +184,14 @@ class Scheduler:
         with self._lock:
             return len(self._queue)
 
+    @property
+    def paused_count(self) -> int:
+        """Queued sequences that ran before and were paused by the fair share (state kept)."""
+        with self._lock:
+            return sum(seq.stepped for seq in self._queue)
+
     def queued_by_client(self) -> dict[str, int]:
-        """Waiting requests per client (clients with none are absent)."""
+        """Waiting requests per client, paused ones included (clients with none are absent)."""
         with self._lock:
             return self._queue.by_client()
 
@@ -162,6 +208,8 @@ class Scheduler:
         self._validate(request)
         with self._lock:
             seq = SequenceState(self._next_id, request, on_step, on_error, list(request.prompt_ids))
+            if self.request_timeout_s is not None:
+                seq.deadline = self.clock() + self.request_timeout_s
             try:
                 self._queue.add(request.client, seq, self.max_batch_size - len(self._live))
             except Overloaded:
@@ -178,9 +226,7 @@ class Scheduler:
             seq = self._find(seq_id)
             if seq is None:
                 return False
-            if not self._queue.remove(seq.request.client, seq):
-                self._live.remove(seq)
-                self._releases.append(seq_id)
+            self._drop(seq)
             self.counters.requests_cancelled += 1
             self._work.notify_all()
         self._deliver(_Events(reports=[(seq, StepReport([], 0, 0, 0, True, "cancelled"))]))
@@ -190,10 +236,12 @@ class Scheduler:
         """Run one decode step for every live sequence; return how many were stepped."""
         with self._step_lock:
             with self._lock:
-                self._live.extend(self._queue.pop(self.max_batch_size - len(self._live)))
+                expired = self._expire()
+                self._rebalance()
                 batch = list(self._live)
                 releases, self._releases = self._releases, []
                 prev = self._carry
+            self._deliver(expired)
             if not batch and not releases:
                 return 0
             outcomes, failures, prev, unsent = self._run(batch, releases, prev)
@@ -261,6 +309,79 @@ class Scheduler:
                 f"draft tokens ({self.max_draft_tokens}) = {need} exceeds max_context "
                 f"{self.max_context}"
             )
+
+    def _drop(self, seq: SequenceState) -> None:
+        """Take `seq` out of the queue or the batch (lock held); release what the stages hold."""
+        if self._queue.remove(seq.request.client, seq):
+            if seq.stepped:  # paused: the stages still hold its cache
+                self._releases.append(seq.seq_id)
+        else:
+            self._retire(seq)
+
+    def _expire(self) -> _Events:
+        """End every request past its deadline with RequestTimedOut (lock held)."""
+        events = _Events()
+        if self.request_timeout_s is None:
+            return events
+        now = self.clock()
+        for seq in [s for s in (*self._queue, *self._live) if now >= s.deadline]:
+            self._drop(seq)
+            self.counters.requests_timed_out += 1
+            events.errors.append((seq, RequestTimedOut(
+                f"request ran past the server's limit of {self.request_timeout_s:g} s per "
+                f"request (request_timeout_s) after {seq.generated} of {seq.request.max_tokens} "
+                "tokens; ask for fewer tokens or raise the limit"
+            )))  # fmt: skip
+        return events
+
+    def _rebalance(self) -> None:
+        """Pause sequences over their client's fair quota, then fill the free slots (lock held).
+
+        Demand per client: live + paused + the not-yet-started requests the resident bound can
+        still take; quotas: `fair_quotas` over the batch's slots. Admission takes clients under
+        their quota first (round robin), then any admissible request, so no slot stays idle.
+        """
+        if not self._queue:
+            return
+        live = Counter(seq.request.client for seq in self._live)
+        paused, fresh = Counter(), Counter()
+        for seq in self._queue:
+            (paused if seq.stepped else fresh)[seq.request.client] += 1
+        room = math.inf
+        if self.max_resident is not None:
+            room = self.max_resident - len(self._live) - sum(paused.values())
+        demand = {
+            client: live[client] + paused[client] + min(fresh[client], max(0, room))
+            for client in (*live, *self._queue.by_client())
+        }
+        quotas = fair_quotas(demand, self.max_batch_size, holding=live)
+        for client in list(live):
+            excess = live[client] - quotas.get(client, 0)
+            if excess <= 0:
+                continue
+            mine = sorted((s for s in self._live if s.request.client == client), key=_seq_id)
+            for seq in reversed(mine[-excess:]):  # highest ids first; the lowest ends up in front
+                self._live.remove(seq)
+                self._queue.push_front(client, seq)
+            live[client] -= excess
+            self.counters.preemptions += excess
+
+        def fits(seq: SequenceState) -> bool:
+            return seq.stepped or room > 0
+
+        def under_quota(client: str, seq: SequenceState) -> bool:
+            return live[client] < quotas.get(client, 0) and fits(seq)
+
+        for may_take in (under_quota, lambda client, seq: fits(seq)):
+            while len(self._live) < self.max_batch_size:
+                taken = self._queue.pop(1, may_take)
+                if not taken:
+                    break
+                seq = taken[0]
+                self._live.append(seq)
+                live[seq.request.client] += 1
+                if not seq.stepped:
+                    room -= 1
 
     def _find(self, seq_id: int) -> SequenceState | None:
         for seq in (*self._queue, *self._live):
@@ -386,6 +507,10 @@ class Scheduler:
                         self._retire(seq)
                     self.counters.requests_failed += len(doomed)
                 self._deliver(_Events(errors=[(seq, exc) for seq in doomed]))
+
+
+def _seq_id(seq: SequenceState) -> int:
+    return seq.seq_id
 
 
 def _refit_rows(batch: list[SequenceState], outcomes: dict[int, Outcome]) -> list[RefitRow]:

@@ -21,6 +21,7 @@ Per request:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
@@ -90,6 +91,13 @@ class SequenceState:
     start: int = 0  # committed length before `pending`
     reusable: int = 0  # how many of `pending` were drafts
     generated: int = 0  # tokens emitted so far
+    deadline: float = math.inf  # scheduler clock time at which the request is ended unfinished
+
+    @property
+    def stepped(self) -> bool:
+        """Whether a step has committed for it: from then on the stages hold its KV cache and
+        random generators until its id is released (a paused sequence keeps them)."""
+        return self.start > 0
 
     def drafts_wanted(self) -> int:
         """Drafts to ask for: `num_draft_tokens`, capped at `max_tokens - generated - 1`."""

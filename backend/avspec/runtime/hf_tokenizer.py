@@ -165,7 +165,9 @@ class HFTokenizer:
 
         Special-token text in `text` (`</s>`) becomes that token, as in `transformers`.
         """
-        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while it works (encode holds it): a long prompt
+        # tokenized on the entry's worker thread must not stall the scheduler thread
+        ids = self._tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
         return [self.bos_id, *ids] if self.add_bos and self.bos_id is not None else ids
 
     def decode(self, ids: Iterable[int]) -> str:

@@ -137,6 +137,7 @@ class EntryParams:
     max_queued_per_client: int | None = 64  # the same for one client
     refit_max_temperature: float = 2.0  # outcomes of hotter requests do not feed the refit
     refit_client_share: float = 0.25  # one client labels <= max(1, floor(s n)) of n rows a step
+    request_timeout_s: float = 600.0  # wall-clock limit per request from submission (0: none)
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_context", "max_draft_tokens"):
@@ -152,6 +153,11 @@ class EntryParams:
         if not 0 < self.refit_client_share <= 1:
             raise ValueError(
                 f"refit_client_share must lie in (0, 1], got {self.refit_client_share}"
+            )
+        if not 0 <= self.request_timeout_s < float("inf"):
+            raise ValueError(
+                f"request_timeout_s must be >= 0 and finite (0: no limit), "
+                f"got {self.request_timeout_s}"
             )
 
 

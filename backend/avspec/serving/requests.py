@@ -1,9 +1,12 @@
 """Triton-free request handling of the `speculative` entry model.
 
-`parse_generation_inputs` turns one request's input tensors (numpy, ecosystem names:
-text_input, max_tokens, temperature, top_p, random_seed, stream, num_draft_tokens,
-adaptive_verification, adaptive_drafting) into a `GenerationRequest`, raising `RequestError`
-that names the input.
+`parse_prompt_request` checks one request's input tensors (numpy, ecosystem names: text_input,
+max_tokens, temperature, top_p, random_seed, stream, num_draft_tokens, adaptive_verification,
+adaptive_drafting) without tokenizing, raising `RequestError` that names the input: a prompt
+whose bytes cannot fit the context (`avspec.serving.prompt_bound`) is refused before any
+tokenizer sees it. `PromptRequest.generation` then makes the `GenerationRequest` from the
+prompt's token ids (the entry tokenizes off the serving path, avspec.serving.entry);
+`parse_generation_inputs` does both in one call.
 Integer inputs are range-checked as received, before any int32 cast, so a wide value is refused
 rather than wrapped. `parse_client` reads the client identity from the request parameters.
 `ResponseStream` turns the scheduler's per-step reports into what one client receives: a chunk
@@ -14,9 +17,10 @@ entry model serves with: the target model's (its Hugging Face `tokenizer.json`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +30,7 @@ from avspec.engine.scheduler import MAX_TEMPERATURE
 from avspec.engine.sequence import GenerationRequest, StepReport
 from avspec.runtime.model_dir import load_tokenizer
 from avspec.runtime.tokenizer import Tokenizer
+from avspec.serving.prompt_bound import prompt_byte_limit
 from avspec.serving.repository import (
     EntryParams,
     project_root,
@@ -108,31 +113,65 @@ def parse_client(parameters: str | None) -> str:
     return ""
 
 
-def parse_generation_inputs(
+@dataclass(frozen=True)
+class PromptRequest:
+    """A request's checked inputs before tokenization: its text, whether it streams, and its
+    generation settings (`settings.prompt_ids` is empty until `generation`)."""
+
+    text: str
+    stream: bool
+    settings: GenerationRequest
+
+    def generation(self, prompt_ids: Sequence[int]) -> GenerationRequest:
+        """The request to submit, with the text's token ids as its prompt."""
+        return dataclasses.replace(self.settings, prompt_ids=list(prompt_ids))
+
+
+def parse_prompt_request(
     values: Mapping[str, np.ndarray | None],
     params: EntryParams,
-    tokenizer: Tokenizer,
     client: str = "",
-) -> tuple[GenerationRequest, bool]:
-    """Return (request, stream) from one request's inputs; RequestError naming the problem.
+    token_bytes: int | None = None,
+) -> PromptRequest:
+    """Check one request's inputs without tokenizing; RequestError naming the problem.
 
-    `client` is the identity from `parse_client`.
+    `client` is the identity from `parse_client`; `token_bytes` the most bytes one token can
+    consume (`avspec.serving.prompt_bound.max_token_bytes`; None: no byte bound). Refused before
+    tokenizing: a `max_tokens` that leaves no room for a prompt in `max_context`, and a
+    `text_input` longer than the room's tokens times `token_bytes`.
     """
     text = _scalar(values, "text_input")
     if text is None:
         raise RequestError("text_input is required")
-    if isinstance(text, bytes | np.bytes_):
-        try:
-            text = bytes(text).decode("utf-8")
-        except UnicodeDecodeError:
-            raise RequestError("text_input is not valid UTF-8") from None
-    if not isinstance(text, str) or not text:
-        raise RequestError("text_input must be a non-empty string")
     max_tokens = _integer(values, "max_tokens")
     if max_tokens is None:
         raise RequestError("max_tokens is required")
     if not 1 <= max_tokens <= _INT32_MAX:
         raise RequestError(f"max_tokens must lie in 1..{_INT32_MAX}, got {max_tokens}")
+    k = params.max_draft_tokens
+    room = params.max_context - max_tokens - k  # prompt tokens that fit
+    if room < 1:
+        raise RequestError(
+            f"max_tokens {max_tokens} + {k} draft tokens leave no room for a prompt in "
+            f"max_context {params.max_context}"
+        )
+    if isinstance(text, str):
+        text = text.encode("utf-8", errors="surrogatepass")
+    if not isinstance(text, bytes | np.bytes_):
+        raise RequestError("text_input must be a non-empty string")
+    if token_bytes is not None and len(text) > prompt_byte_limit(token_bytes, room):
+        raise RequestError(
+            f"text_input is {len(text)} bytes; at most {prompt_byte_limit(token_bytes, room)} "
+            f"bytes can fit the {room} prompt tokens left by max_context {params.max_context}, "
+            f"max_tokens {max_tokens} and {k} draft tokens (a token spans at most "
+            f"{token_bytes} bytes)"
+        )
+    try:
+        text = bytes(text).decode("utf-8")
+    except UnicodeDecodeError:
+        raise RequestError("text_input is not valid UTF-8") from None
+    if not text:
+        raise RequestError("text_input must be a non-empty string")
     temperature = _float(values, "temperature", 1.0)
     if not 0 <= temperature <= MAX_TEMPERATURE:
         raise RequestError(
@@ -141,7 +180,6 @@ def parse_generation_inputs(
     top_p = _float(values, "top_p", 1.0)
     if not 0 < top_p <= 1:
         raise RequestError(f"top_p must lie in (0, 1], got {top_p}")
-    k = params.max_draft_tokens
     num_draft = _integer(values, "num_draft_tokens")
     num_draft = k if num_draft is None else num_draft
     if not 0 <= num_draft <= k:
@@ -150,8 +188,8 @@ def parse_generation_inputs(
     adaptive = _scalar(values, "adaptive_verification")
     drafting = _scalar(values, "adaptive_drafting")
     stream = _scalar(values, "stream")
-    request = GenerationRequest(
-        prompt_ids=tokenizer.encode(text),
+    settings = GenerationRequest(
+        prompt_ids=[],
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,
@@ -161,7 +199,20 @@ def parse_generation_inputs(
         adaptive_drafting=params.adaptive_drafting if drafting is None else bool(drafting),
         client=client,
     )
-    return request, bool(stream) if stream is not None else False
+    return PromptRequest(text, bool(stream) if stream is not None else False, settings)
+
+
+def parse_generation_inputs(
+    values: Mapping[str, np.ndarray | None],
+    params: EntryParams,
+    tokenizer: Tokenizer,
+    client: str = "",
+    token_bytes: int | None = None,
+) -> tuple[GenerationRequest, bool]:
+    """Return (request, stream) from one request's inputs: `parse_prompt_request`, then the
+    text tokenized here (RequestError naming the problem)."""
+    prompt = parse_prompt_request(values, params, client, token_bytes)
+    return prompt.generation(tokenizer.encode(prompt.text)), prompt.stream
 
 
 def _float(values: Mapping[str, np.ndarray | None], name: str, default: float) -> float:

@@ -1,9 +1,11 @@
 """Entry point: text in, text out (decoupled), with in-flight batching of all live requests.
 
-execute() only validates and submits each request to one avspec.engine.scheduler.Scheduler; its
-background thread runs one BLS call of the `speculative_step` ensemble per decode step for the
-whole batch and sends each request's responses (avspec.serving.requests.ResponseStream). A full
-wait queue answers UNAVAILABLE (HTTP 503), so the client retries later.
+execute() only checks each request's inputs (no tokenizing) and hands it to an
+avspec.serving.entry.EntryIntake, whose workers tokenize it and submit it to one
+avspec.engine.scheduler.Scheduler; the scheduler's background thread runs one BLS call of the
+`speculative_step` ensemble per decode step for the whole batch and sends each request's
+responses (avspec.serving.requests.ResponseStream). A full wait queue answers UNAVAILABLE (HTTP
+503), so the client retries later; so does a request that ran past `request_timeout_s`.
 """
 
 import json
@@ -13,15 +15,15 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from avspec.engine.admission import Overloaded
-from avspec.engine.scheduler import Scheduler
+from avspec.engine.scheduler import RequestTimedOut
 from avspec.serving import repository
+from avspec.serving.entry import EntryIntake, entry_scheduler, stage_limits
 from avspec.serving.metrics import LIVE_SEQUENCES
 from avspec.serving.requests import (
     RequestError,
     ResponseStream,
     entry_tokenizer,
     parse_client,
-    parse_generation_inputs,
 )
 
 
@@ -42,15 +44,14 @@ class TritonPythonModel:
         self.live = self.live_family.Metric(labels={})
         self.live.set(0)
         p = self.params
-        self.scheduler = Scheduler(
-            self._step, self.tokenizer.eos_ids, p.max_batch_size, p.max_context, p.max_draft_tokens,
-            max_queued=p.max_queued, max_queued_per_client=p.max_queued_per_client,
-            refit_max_temperature=p.refit_max_temperature,
-            refit_client_share=p.refit_client_share,
+        self.scheduler = entry_scheduler(
+            self._step, self.tokenizer.eos_ids, p, stage_limits(args["model_repository"]),
             # ids never seen before: a restarted entry must not continue a dead one's sequences
             first_seq_id=secrets.randbits(61) + 1,
         )  # fmt: skip
+        self.intake = EntryIntake(self.scheduler, self.tokenizer, p)
         self.scheduler.start()
+        self.intake.start()
 
     def execute(self, requests):
         for request in requests:
@@ -61,21 +62,16 @@ class TritonPythonModel:
                     tensor = pb_utils.get_input_tensor_by_name(request, name)
                     values[name] = None if tensor is None else tensor.as_numpy()
                 identity = parse_client(request.parameters())
-                generation, stream = parse_generation_inputs(
-                    values, self.params, self.tokenizer, client=identity
-                )
-                client = _Client(request, sender, ResponseStream(stream, self.tokenizer))
+                prompt = self.intake.check(values, identity)  # refuses, never tokenizes
+                client = _Client(request, sender, ResponseStream(prompt.stream, self.tokenizer))
                 client.scheduler = self.scheduler
-                client.seq_id = self.scheduler.submit(generation, client.on_step, client.on_error)
-            except (RequestError, ValueError) as err:
-                _send_error(sender, str(err), pb_utils.TritonError.INVALID_ARG)
-            except Overloaded as err:
-                _send_error(sender, str(err), _unavailable())
+                self.intake.submit(prompt, client)  # tokenized and submitted by its workers
             except Exception as err:  # noqa: BLE001 - never leave a stream open
-                _send_error(sender, f"{type(err).__name__}: {err}", pb_utils.TritonError.INTERNAL)
+                _send_refusal(sender, err)
         return None
 
     def finalize(self):
+        self.intake.stop(timeout_s=10)
         self.scheduler.stop(timeout_s=10)
 
     def _step(self, inputs):
@@ -97,13 +93,22 @@ class TritonPythonModel:
 
 
 class _Client:
-    """One request's response sender, fed by the scheduler thread."""
+    """One request's response sender (an avspec.serving.entry.RequestSink), fed by the intake's
+    workers and the scheduler thread."""
 
     def __init__(self, request, sender, stream):
         self.request, self.sender, self.stream = request, sender, stream
         self.scheduler = None
         self.seq_id = None
         self.closed = False
+
+    def admitted(self, seq_id):
+        self.seq_id = seq_id
+
+    def refused(self, error):
+        if not self.closed:
+            self.closed = True
+            _send_refusal(self.sender, error)
 
     def on_step(self, report):
         if self.closed:
@@ -118,7 +123,11 @@ class _Client:
     def on_error(self, error):
         if not self.closed:
             self.closed = True
-            _send_error(self.sender, f"generation failed: {error}", pb_utils.TritonError.INTERNAL)
+            if isinstance(error, RequestTimedOut):
+                _send_error(self.sender, str(error), _unavailable())
+            else:
+                message = f"generation failed: {error}"
+                _send_error(self.sender, message, pb_utils.TritonError.INTERNAL)
 
 
 def _chunk_response(chunk):
@@ -135,6 +144,17 @@ def _chunk_response(chunk):
             pb_utils.Tensor("output_ids", np.array(chunk.output_ids, dtype=np.int32)),
         ]
     )
+
+
+def _send_refusal(sender, error):
+    """The final error response of a request that never reached the scheduler."""
+    if isinstance(error, RequestError | ValueError):
+        _send_error(sender, str(error), pb_utils.TritonError.INVALID_ARG)
+    elif isinstance(error, Overloaded):
+        _send_error(sender, str(error), _unavailable())
+    else:
+        message = f"{type(error).__name__}: {error}"
+        _send_error(sender, message, pb_utils.TritonError.INTERNAL)
 
 
 def _send_error(sender, message, code):

@@ -1,10 +1,13 @@
-"""AdmissionQueue: per-client FIFO queues taken round robin, the limits and `Overloaded`."""
+"""AdmissionQueue: per-client FIFO queues taken round robin, the limits and `Overloaded`;
+`fair_quotas`: the max-min fair split of the batch."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from avspec.engine.admission import AdmissionQueue, Overloaded
+from avspec.engine.admission import AdmissionQueue, Overloaded, fair_quotas
 
 
 def fill(queue: AdmissionQueue[str], counts: dict[str, int]) -> None:
@@ -94,3 +97,61 @@ def test_unbounded_by_default() -> None:
 def test_limit_validation(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         AdmissionQueue(**kwargs)
+
+
+def test_pop_may_take_skips_a_client_without_losing_its_turn() -> None:
+    queue: AdmissionQueue[str] = AdmissionQueue()
+    fill(queue, {"A": 3, "B": 2, "C": 1})
+    assert queue.pop(3, lambda client, item: client != "A") == ["B0", "C0", "B1"]
+    assert queue.by_client() == {"A": 3}  # passed over, still first in the rotation
+    assert queue.pop(5, lambda client, item: item != "A1") == ["A0"]  # A1 at the head: stop
+    assert queue.pop(5) == ["A1", "A2"]
+
+
+def test_push_front_puts_an_item_back_at_the_head() -> None:
+    queue: AdmissionQueue[str] = AdmissionQueue(max_queued_per_client=1)
+    fill(queue, {"A": 1, "B": 1})
+    queue.push_front("A", "paused")  # past the per-client limit: it was admitted once
+    queue.push_front("C", "C-paused")  # a client without a queue joins the rotation's end
+    assert list(queue) == ["paused", "A0", "B0", "C-paused"]
+    assert queue.pop(4) == ["paused", "B0", "C-paused", "A0"]
+
+
+@pytest.mark.parametrize(
+    ("demand", "slots", "holding", "quotas"),
+    [
+        ({"A": 64, "B": 1}, 64, {"A": 64}, {"A": 63, "B": 1}),  # B gets what it asks
+        ({"A": 64, "B": 64}, 64, {"A": 64}, {"A": 32, "B": 32}),
+        ({"A": 64, "B": 64, "C": 64}, 64, {"B": 30}, {"A": 21, "B": 22, "C": 21}),  # remainder
+        ({"A": 40, "B": 24, "C": 1}, 64, {"A": 40, "B": 24}, {"A": 39, "B": 24, "C": 1}),
+        ({"A": 3, "B": 2}, 64, {}, {"A": 3, "B": 2}),  # everyone fits: quota = demand
+        ({"A": 5, "B": 0}, 4, {}, {"A": 4}),  # no demand, no quota
+        ({"A": 9, "B": 9}, 0, {}, {"A": 0, "B": 0}),
+    ],
+)
+def test_fair_quotas_water_fill(
+    demand: dict[str, int], slots: int, holding: dict[str, int], quotas: dict[str, int]
+) -> None:
+    got = fair_quotas(demand, slots, holding)
+    assert got == quotas
+    assert sum(got.values()) == min(slots, sum(demand.values()))
+
+
+def test_fair_quotas_guarantee_an_equal_share_or_the_demand() -> None:
+    """Over random demands: every client gets min(demand, floor(slots / clients)) at least,
+    no client more than it asks, and the quotas use min(slots, total demand)."""
+    rng = random.Random(7)
+    for _ in range(500):
+        clients = [f"c{i}" for i in range(rng.randint(1, 9))]
+        demand = {c: rng.randint(1, 80) for c in clients}
+        slots = rng.randint(0, 70)
+        holding = {c: rng.randint(0, 10) for c in clients}
+        quotas = fair_quotas(demand, slots, holding)
+        assert sum(quotas.values()) == min(slots, sum(demand.values()))
+        for c in clients:
+            assert min(demand[c], slots // len(clients)) <= quotas[c] <= demand[c]
+
+
+def test_fair_quotas_refuse_negative_slots() -> None:
+    with pytest.raises(ValueError, match="slots must be >= 0"):
+        fair_quotas({"A": 1}, -1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ import avspec.engine.scheduler
 from avspec.av.estimator import refit_excluded
 from avspec.contract import StepInputs, StepOutputs
 from avspec.engine.admission import Overloaded
-from avspec.engine.scheduler import MAX_TEMPERATURE, Scheduler, generate
+from avspec.engine.scheduler import MAX_TEMPERATURE, RequestTimedOut, Scheduler, generate
 from avspec.engine.sequence import GenerationRequest, StepReport
 from avspec.engine.step import SpeculativeStep
 
@@ -474,3 +475,148 @@ def test_in_process_step_takes_the_refit_guard() -> None:
         assert step.verifier.num_dropped_records == 0
     assert outputs[0] == outputs[1]  # greedy: the refit never changes the text
     assert 0 < labels[1] < labels[0]
+
+
+# --- fair share of the batch: pausing a client over its quota --------------------------------
+
+
+def stepped_ids(fake: FakeStep, call: int = -1) -> list[int]:
+    return fake.calls[call].seq_ids.tolist()
+
+
+def test_another_client_is_admitted_while_one_holds_every_slot() -> None:
+    """A holds all 8 slots with long streams; B's short request joins at the next step and
+    finishes while A's streams still run; A's paused streams continue exactly (the fake checks
+    every start position against what it holds) and are not released while paused."""
+    fake = FakeStep()
+    scheduler = make(fake, max_batch_size=8)
+    hog = [submit(scheduler, 2, 60, client="A") for _ in range(8)]
+    for _ in range(3):
+        scheduler.step()
+    b_id, b = submit(scheduler, 2, 9, client="B")
+    scheduler.step()
+    assert b_id in stepped_ids(fake)  # admitted at the very next step boundary
+    assert scheduler.counters.preemptions == 1 and scheduler.paused_count == 1
+    paused = hog[-1][0]  # A's latest request gives way
+    assert paused not in stepped_ids(fake) and paused not in fake.released
+    while not b.reports[-1].finished:
+        scheduler.step()
+    assert b.tokens == expected(b_id, 2, 9)
+    assert all(not c.reports[-1].finished for _, c in hog)  # A's streams still run
+    scheduler.run_until_idle()
+    for seq_id, c in hog:
+        assert c.tokens == expected(seq_id, 2, 60) and not c.errors
+    assert fake.history == {} and scheduler.paused_count == 0
+
+
+def test_no_client_holds_more_than_its_share_while_another_waits() -> None:
+    """Three clients, 9 slots: each gets 3 at the first boundary where all three wait, whatever
+    they held before; a client asking for less than its share leaves the rest to the others."""
+    fake = FakeStep()
+    scheduler = make(fake, max_batch_size=9)
+    for _ in range(9):
+        submit(scheduler, 2, 60, client="A")
+    scheduler.step()
+    for _ in range(5):
+        submit(scheduler, 2, 60, client="B")
+    submit(scheduler, 2, 60, client="C")
+    scheduler.step()
+    by_client = Counter(
+        scheduler._find(seq_id).request.client for seq_id in stepped_ids(fake)
+    )  # every stepped id is live or paused, so _find knows it
+    assert by_client == {"A": 4, "B": 4, "C": 1}  # C wants one: A and B split the other 8
+    submit(scheduler, 2, 60, client="C")
+    submit(scheduler, 2, 60, client="C")
+    scheduler.step()
+    by_client = Counter(scheduler._find(i).request.client for i in stepped_ids(fake))
+    assert by_client == {"A": 3, "B": 3, "C": 3}
+    assert scheduler.counters.preemptions == 5 + 2
+
+
+def test_paused_sequences_resume_first_and_lowest_id_first() -> None:
+    fake = FakeStep()
+    scheduler = make(fake, max_batch_size=4)
+    a_ids = [submit(scheduler, 2, 40, client="A")[0] for _ in range(6)]
+    scheduler.step()
+    assert stepped_ids(fake) == a_ids[:4]
+    submit(scheduler, 2, 1, client="B")
+    submit(scheduler, 2, 1, client="B")
+    scheduler.step()  # B's two requests take two of A's slots: A's two latest pause
+    assert sorted(stepped_ids(fake))[:2] == a_ids[:2]
+    assert scheduler.queued_by_client() == {"A": 4}
+    scheduler.step()  # B's one-token requests finished: A's paused ones come back first
+    assert sorted(stepped_ids(fake)) == a_ids[:4]
+
+
+def test_cancel_and_timeout_release_a_paused_sequence() -> None:
+    fake = FakeStep()
+    now = [0.0]
+    scheduler = Scheduler(fake, EOS, 2, 128, K, request_timeout_s=10.0, clock=lambda: now[0])
+    (a1, _), (a2, ca2) = submit(scheduler, 2, 60, client="A"), submit(scheduler, 2, 60, client="A")
+    scheduler.step()
+    now[0] = 5.0
+    b_id, b = submit(scheduler, 2, 60, client="B")
+    scheduler.step()
+    assert scheduler.paused_count == 1 and a2 not in stepped_ids(fake)
+    assert scheduler.cancel(a2)
+    assert ca2.reports[-1].finish_reason == "cancelled"
+    scheduler.step()
+    assert a2 in fake.calls[-1].release_seq_ids.tolist() and a2 not in fake.history
+    now[0] = 10.0  # A's first request reaches its limit; B's has 5 s left
+    scheduler.step()
+    assert a1 in fake.calls[-1].release_seq_ids.tolist()  # released with the same step
+    assert stepped_ids(fake) == [b_id] and not b.errors
+    assert scheduler.counters.requests_timed_out == 1
+
+
+def test_request_timeout_ends_queued_and_live_requests_naming_the_limit() -> None:
+    fake = FakeStep()
+    now = [100.0]
+    scheduler = Scheduler(fake, EOS, 1, 128, K, request_timeout_s=2.5, clock=lambda: now[0])
+    live_id, live = submit(scheduler, 2, 60)
+    scheduler.step()
+    _, queued = submit(scheduler, 2, 60)
+    scheduler.step()
+    now[0] = 102.5
+    scheduler.step()
+    for c in (live, queued):
+        assert len(c.errors) == 1 and isinstance(c.errors[0], RequestTimedOut)
+        assert "limit of 2.5 s per request (request_timeout_s)" in str(c.errors[0])
+    assert "after 10 of 60 tokens" in str(live.errors[0])  # two steps of K // 2 + 1 tokens
+    assert "after 0 of 60 tokens" in str(queued.errors[0])
+    assert fake.released == [live_id] and fake.history == {}
+    assert scheduler.live_count == scheduler.queued_count == 0
+    assert scheduler.counters.requests_timed_out == 2 and scheduler.counters.requests_failed == 0
+
+
+def test_max_resident_bounds_live_plus_paused() -> None:
+    """Paused sequences keep their stage slots: a request that has not started is admitted only
+    while live + paused stay within max_resident; a paused one can always resume."""
+    fake = FakeStep()
+    scheduler = Scheduler(fake, EOS, 4, 128, K, max_resident=5)
+    for _ in range(4):
+        submit(scheduler, 2, 40, client="A")
+    scheduler.step()
+    b = [submit(scheduler, 2, 40, client="B")[0] for _ in range(2)]
+    scheduler.step()  # room for one more resident sequence: B gets one slot, A pauses one
+    assert scheduler.live_count == 4 and scheduler.paused_count == 1
+    assert b[0] in stepped_ids(fake) and b[1] not in stepped_ids(fake)
+    for _ in range(3):
+        scheduler.step()
+        assert scheduler.live_count + scheduler.paused_count <= 5
+        assert b[1] not in stepped_ids(fake)
+    scheduler.run_until_idle()
+    assert fake.history == {}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_resident": 3}, "max_resident must be >= max_batch_size 4"),
+        ({"request_timeout_s": 0.0}, "request_timeout_s must be > 0"),
+        ({"request_timeout_s": float("nan")}, "request_timeout_s must be > 0"),
+    ],
+)
+def test_fair_share_constructor_validation(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Scheduler(FakeStep(), EOS, 4, 64, K, **kwargs)

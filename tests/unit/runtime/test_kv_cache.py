@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
-from pathlib import Path
+import sys
 
 import pytest
 import torch
@@ -128,23 +129,37 @@ def test_nbytes_counts_buffers_and_workspaces():
     assert KVCache(*SIZES, 3, 8, "meta").nbytes == 2 * buffer  # no workspace off the CPU
 
 
-def _rss_bytes() -> int:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def resident_fraction(tensor: torch.Tensor) -> float:
+    """Share of the memory pages under `tensor` that are in RAM now (mincore(2) on its own
+    pages): unlike the process's RSS, it does not move with what other memory does meanwhile
+    (pages of shared libraries dropped under pressure, the heap giving pages back)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = tensor.data_ptr() // page * page
+    end = tensor.data_ptr() + tensor.numel() * tensor.element_size()
+    pages = -(-(end - start) // page)
+    vector = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
+    if libc.mincore(start, end - start, vector) != 0:
+        raise OSError(ctypes.get_errno(), "mincore failed")
+    return sum(v & 1 for v in vector) / pages
 
 
-@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
+@pytest.mark.skipif(sys.platform != "linux", reason="mincore(2) on Linux")
 def test_reserved_memory_is_resident_from_construction():
-    """The cache commits what it reserves up front, so serving does not grow into it later.
+    """The cache commits what it reserves up front, so serving does not grow into it later:
+    every page of its buffers and read workspaces is in RAM right after construction.
 
-    Each buffer here is 64 MiB, twice glibc's largest dynamic mmap threshold: fresh pages, never
-    recycled heap memory that would already count as resident (at 32 MiB, exactly the threshold,
-    the check failed once in a full unit run after other tests had grown the heap).
+    64 MiB buffers are fresh mmaps (past glibc's largest dynamic mmap threshold): an untouched
+    one, `torch.empty`, has none of its pages resident, which shows the check can fail.
     """
-    before = _rss_bytes()
     cache = KVCache(1, 4, 64, 64, 1024, "cpu")
-    grown = _rss_bytes() - before
-    assert cache.nbytes == 4 * 64 * 2**20
-    assert grown >= 0.95 * cache.nbytes
+    buffers = (cache.k, cache.v, *cache._workspace)
+    assert sum(t.numel() * t.element_size() for t in buffers) == cache.nbytes == 4 * 64 * 2**20
+    for buffer in buffers:
+        assert resident_fraction(buffer) == 1.0
+    untouched = torch.empty(16 * 2**20)  # 64 MiB of float32, never written
+    assert resident_fraction(untouched) < 0.01
 
 
 def test_constructor_validation():

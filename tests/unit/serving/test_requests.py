@@ -102,7 +102,9 @@ def test_invalid_inputs_name_the_problem(values: dict, problem: str) -> None:
 
 
 def test_integer_and_temperature_bounds_are_inclusive() -> None:
-    request, _ = parse(max_tokens=np.uint64(2**31 - 1), temperature=MAX_TEMPERATURE)
+    values = inputs(max_tokens=np.uint64(2**31 - 1), temperature=MAX_TEMPERATURE)
+    room = EntryParams(max_context=2**31 + 8)  # the largest max_tokens still leaves a prompt
+    request, _ = parse_generation_inputs(values, room, TOKENIZER)
     assert request.max_tokens == 2**31 - 1 and request.temperature == MAX_TEMPERATURE
     request, _ = parse(random_seed=np.int64(-1))
     assert request.random_seed == 2**63 - 1
@@ -149,6 +151,7 @@ def test_entry_config_lists_the_admission_and_refit_parameters() -> None:
     entry = parse_parameters(EntryParams, model_parameters({"parameters": params}))
     assert (entry.max_queued, entry.max_queued_per_client) == (256, 64)
     assert (entry.refit_max_temperature, entry.refit_client_share) == (2.0, 0.25)
+    assert entry.request_timeout_s == 600.0
     assert entry == EntryParams(max_context=entry.max_context)  # config agrees with the defaults
     unbounded = parse_parameters(EntryParams, {"max_queued": "none", "max_queued_per_client": ""})
     assert unbounded.max_queued is None and unbounded.max_queued_per_client is None
@@ -163,6 +166,9 @@ def test_entry_config_lists_the_admission_and_refit_parameters() -> None:
         ("refit_max_temperature", float("nan")),
         ("refit_client_share", 0.0),
         ("refit_client_share", 1.5),
+        ("request_timeout_s", -1.0),
+        ("request_timeout_s", float("inf")),
+        ("request_timeout_s", float("nan")),
     ],
 )
 def test_entry_params_reject_bad_admission_and_refit_values(field: str, value: float) -> None:
