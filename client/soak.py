@@ -30,6 +30,7 @@ memory.png (RSS per process over time, warm-up shaded) and summary.txt.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import time
@@ -42,6 +43,7 @@ from avspec.serving.server_process import ServerProcess, free_port
 from avspec.tools.soak.drain import wait_drained
 from avspec.tools.soak.load import Endpoints, Tally, join_loops, start_loops
 from avspec.tools.soak.memory import (
+    SHM_DIR,
     MemorySampler,
     cmdline,
     find_tritonserver,
@@ -239,7 +241,10 @@ def _sampler(
         repository = repository_from_cmdline(cmdline(pid))
         if repository is None:
             raise SystemExit(f"soak: no --model-repository in tritonserver {pid}'s command line")
-    return MemorySampler(pid, repository, tally.done, interval_s=args.sample_s)
+    # the server's own /dev/shm (a private tmpfs in its sandbox), seen through its root
+    private = Path(f"/proc/{pid}/root/dev/shm")
+    shm_dir = private if os.access(private, os.R_OK | os.X_OK) else SHM_DIR
+    return MemorySampler(pid, repository, tally.done, interval_s=args.sample_s, shm_dir=shm_dir)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import select
@@ -16,11 +17,12 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from avspec.serving.front import FrontConfig
 
-FRONT_KEY = "front-secret-123"
 ADMIN_KEY = "operator-key-456"
+INTERNAL_MODELS = ("draft", "verifier", "target", "speculative_step")
 MAX_BODY = 64 << 10
 GOOD_BODY = {"text_input": "hello", "max_tokens": 8}
 STALL_LIMIT_S = 10.0  # a stalled fake answer gives up after this long
+SLOW_S = 4.0  # how long a "slow" stream request takes to be answered
 
 
 @dataclass
@@ -39,7 +41,9 @@ class FakeHttp:
     """Records every request; answers SSE slowly, and notices when its client goes away.
 
     The body's `text_input` picks the behaviour: "endless" streams 400 events, "stall" sends no
-    answer until its client goes away (or STALL_LIMIT_S), anything else streams 3 events.
+    answer until its client goes away (or STALL_LIMIT_S), "error:STATUS:MESSAGE" answers STATUS
+    with MESSAGE as Triton answers an error of the entry model (chunked, one JSON object or one
+    event), anything else streams 3 events.
     """
 
     requests: list[Recorded] = field(default_factory=list)
@@ -91,10 +95,27 @@ def make_handler(fake: FakeHttp) -> type[BaseHTTPRequestHandler]:
                 mode = None
             if mode == "stall":
                 self._stall()
+            elif isinstance(mode, str) and mode.startswith("error:"):
+                status, _, message = mode.removeprefix("error:").partition(":")
+                self._error(int(status), message)
             elif self.path.endswith("/generate_stream"):
                 self._stream(mode)
             else:
                 self._reply(200, {"path": self.path, "echo": body.decode()})
+
+        def _error(self, status: int, message: str) -> None:
+            """An error as Triton 2.51 sends the entry's: chunked, JSON or one SSE event."""
+            payload = json.dumps({"error": message}).encode()
+            streaming = self.path.endswith("/generate_stream")
+            self.send_response(status)
+            if streaming:
+                self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+                payload = b"data: " + payload + b"\n\n"
+            else:
+                self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload))
 
         def _stall(self) -> None:
             """No answer; note when the client closes the connection."""
@@ -128,8 +149,10 @@ def make_handler(fake: FakeHttp) -> type[BaseHTTPRequestHandler]:
 class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Echoes the metadata it receives into response parameters; records the calls.
 
-    Request id "endless" (ModelStreamInfer) streams until cancelled; "stall" (ModelInfer) never
-    answers; both set `cancelled` once their caller goes away.
+    Request id "endless" (ModelStreamInfer) streams until cancelled; "slow" (ModelStreamInfer)
+    answers once after SLOW_S; "stall" (ModelInfer) never answers; "endless" and "stall" set
+    `cancelled` once their caller goes away. Stream responses carry `triton_final_response`
+    as Triton's do for a decoupled model.
     """
 
     def __init__(self) -> None:
@@ -149,6 +172,11 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
             response.parameters[key].string_param = value
         return response
 
+    def _streamed(self, request, metadata: dict[str, str], final: bool):
+        response = self._response(request, metadata)
+        response.parameters["triton_final_response"].bool_param = final
+        return service_pb2.ModelStreamInferResponse(infer_response=response)
+
     def _wait_cancelled(self, context: grpc.ServicerContext) -> None:
         deadline = time.monotonic() + STALL_LIMIT_S
         while context.is_active() and time.monotonic() < deadline:
@@ -163,6 +191,10 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
     def ServerReady(self, request, context):  # noqa: N802
         self._note("ServerReady", context)
         return service_pb2.ServerReadyResponse(ready=True)
+
+    def ServerMetadata(self, request, context):  # noqa: N802
+        self._note("ServerMetadata", context)
+        return service_pb2.ServerMetadataResponse(name="fake-triton")
 
     def RepositoryIndex(self, request, context):  # noqa: N802
         self._note("RepositoryIndex", context)
@@ -180,9 +212,7 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
             if request.id == "endless":
                 try:
                     while context.is_active():
-                        yield service_pb2.ModelStreamInferResponse(
-                            infer_response=self._response(request, metadata)
-                        )
+                        yield self._streamed(request, metadata, final=False)
                         time.sleep(0.02)
                 finally:
                     # gRPC may close this generator at a blocked yield (flow control) rather
@@ -190,9 +220,11 @@ class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
                     if not context.is_active():
                         self.cancelled.set()
                 return
-            yield service_pb2.ModelStreamInferResponse(
-                infer_response=self._response(request, metadata)
-            )
+            if request.id == "slow":
+                deadline = time.monotonic() + SLOW_S
+                while context.is_active() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+            yield self._streamed(request, metadata, final=True)
 
 
 def front_config(fake_http: FakeHttp, fake_grpc: FakeTriton, **overrides) -> FrontConfig:
@@ -202,7 +234,6 @@ def front_config(fake_http: FakeHttp, fake_grpc: FakeTriton, **overrides) -> Fro
         grpc_port=0,
         upstream_http=f"127.0.0.1:{fake_http.port}",
         upstream_grpc=f"127.0.0.1:{fake_grpc.port}",
-        front_key=FRONT_KEY,
         max_body_bytes=MAX_BODY,
     )
     options.update(overrides)
@@ -241,3 +272,42 @@ def raw_exchange(port: int, head: str, body: bytes = b"", read_until: bytes = b"
 
 def infer_request(model: str = "speculative", request_id: str = "1", **kwargs):
     return service_pb2.ModelInferRequest(model_name=model, id=request_id, **kwargs)
+
+
+class SourceProxy:
+    """A TCP forwarder to 127.0.0.1:`port` whose upstream connections come from `source` (e.g.
+    127.0.0.2), so a client connecting to `self.port` reaches the front from another address."""
+
+    def __init__(self, port: int, source: str) -> None:
+        self._target, self._source = port, source
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._sockets: list[socket.socket] = [self._listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+                upstream = socket.create_connection(
+                    ("127.0.0.1", self._target), source_address=(self._source, 0)
+                )
+            except OSError:  # closed
+                return
+            self._sockets += [client, upstream]
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pipe, args=(source, sink), daemon=True).start()
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := source.recv(65536):
+            sink.sendall(data)
+    with contextlib.suppress(OSError):
+        sink.shutdown(socket.SHUT_WR)

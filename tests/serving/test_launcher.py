@@ -177,3 +177,32 @@ def test_cli_two_quick_sigterms_stop_everything(tmp_path: Path) -> None:
         if pgid is not None:  # never leave a server behind, whatever failed
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.mark.serving
+def test_tritonserver_dies_with_a_killed_launcher(tmp_path: Path) -> None:
+    """SIGKILL of the launcher (the OOM killer, `kill -9`): the kernel takes tritonserver and its
+    stubs down with it (parent-death signal), instead of leaving them serving on held sockets."""
+    repository = _echo_repository(tmp_path / "repository")
+    out = tmp_path / "stdout.txt"
+    ports = [str(free_port()) for _ in range(3)]
+    with out.open("w") as stdout:
+        launcher_process = subprocess.Popen(
+            [sys.executable, "-m", "avspec.serving.launcher", "--model-repository", str(repository),
+             "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]],
+            stdout=stdout, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+    try:
+        _wait_for_line(out, "avspec: serving", launcher_process, timeout_s=120)
+        processes = live_processes()
+        [pgid] = [pid for pid, (ppid, *_) in processes.items() if ppid == launcher_process.pid]
+        assert any(g == pgid and "stub" in cmd for _, (_, g, cmd) in processes.items())
+        launcher_process.kill()
+        launcher_process.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while left := [pid for pid, (_, g, _) in live_processes().items() if g == pgid]:
+            assert time.monotonic() < deadline, f"still running after the launcher died: {left}"
+            time.sleep(0.2)
+    finally:
+        if launcher_process.poll() is None:
+            launcher_process.kill()

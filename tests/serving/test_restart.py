@@ -110,6 +110,10 @@ def test_killed_tritonserver_is_restarted_with_its_estimator(tmp_path: Path) -> 
         launcher.send_signal(signal.SIGTERM)
         assert launcher.wait(timeout=60) == 0, out.read_text()[-3000:]
     finally:
-        if launcher.poll() is None:
-            launcher.kill()
+        if launcher.poll() is None:  # SIGTERM first: it takes tritonserver down with it
+            launcher.send_signal(signal.SIGTERM)
+            try:
+                launcher.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
     assert {p.name for p in Path("/dev/shm").iterdir()} <= shm_before  # nothing left

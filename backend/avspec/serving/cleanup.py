@@ -9,7 +9,8 @@ avspec<PID>_` (`shm_prefix`), PID being the launcher's own, so a region's owner 
 a region is stale when that PID no longer runs. Regions with Triton's default name
 (`triton_python_backend_shm_region_<n>`, from runs without the prefix) carry no owner: they are
 stale when no process maps or holds them open. Every candidate, prefixed or not, must also pass
-that last test: a launcher killed with SIGKILL leaves its tritonserver running and serving.
+that last test: a server started by other means (or an older launcher, without the
+parent-death signal of avspec.serving.sandbox) outlives a launcher killed with SIGKILL.
 
 An env dir names no owner and a live server's stays empty all its life, but tritonserver aborts
 at exit if it was removed (`~EnvironmentManager`: "fts_read error ... No such file or

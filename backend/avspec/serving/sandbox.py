@@ -17,7 +17,9 @@ in a fresh process) into the server's sandbox, and everything it starts inherits
    entries, bound back (read-only, but for the directories the server writes: its snapshot's).
    The real directory's permissions are untouched;
 3. as root: drop to the server's user (no supplementary groups), so nothing runs as root;
-4. umask 077, so the sockets and files the server creates are its user's alone.
+4. umask 077, so the sockets and files the server creates are its user's alone;
+5. with `die_with_parent` (tritonserver): the kernel kills the process when the launcher dies,
+   even by SIGKILL, so no server is left behind holding the sockets and the models' memory.
 
 Run as a script (`sandbox_command`), this file does the above and then execs the command: so
 tritonserver keeps its process id for the launcher's process group and the supervisor. The
@@ -47,6 +49,7 @@ from pathlib import Path
 DEFAULT_SERVER_USER = "10001:10001"  # a fixed uid/gid for no other account (as NGC's uid 1000)
 ROOT_USER = "root"  # `--user root`: keep root (warned): the operator's explicit choice
 
+_PR_SET_PDEATHSIG = 1
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUSER = 0x10000000
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV = 0x1, 0x2, 0x4
@@ -108,13 +111,18 @@ def sandbox_command(
     user: ServerUser | None,
     expose: Sequence[Path] = (),
     writable: Sequence[Path] = (),
+    *,
+    die_with_parent: bool = False,
 ) -> list[str]:
     """`command` run through this file: private /dev/shm, views of `expose` (read-only) and
-    `writable` for `user`, then `user` (None: the caller), umask 077."""
+    `writable` for `user`, then `user` (None: the caller), umask 077; with `die_with_parent`,
+    killed by the kernel when the process that started it dies."""
     ids = ["--uid", str(user.uid), "--gid", str(user.gid)] if user is not None else []
     views = [f"--expose={path}" for path in expose]
     views += [f"--writable={path}" for path in writable]
-    return [sys.executable, "-I", str(Path(__file__).resolve()), *ids, *views, "--", *command]
+    death = ["--die-with-parent"] if die_with_parent else []
+    here = str(Path(__file__).resolve())
+    return [sys.executable, "-I", here, *ids, *views, *death, "--", *command]
 
 
 def runtime_paths() -> list[Path]:
@@ -253,19 +261,32 @@ def private_shm(owner: ServerUser | None) -> None:
     )
 
 
+def die_with_parent(parent: int) -> None:
+    """Have the kernel send SIGKILL when the parent dies (set after any change of user, which
+    clears it; kept across exec); exit at once if `parent` is already gone."""
+    _check(_libc().prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != parent:
+        sys.exit(f"avspec: the launcher (pid {parent}) died before the server started")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--uid", type=int)
     parser.add_argument("--gid", type=int)
     parser.add_argument("--expose", type=Path, action="append", default=[])
     parser.add_argument("--writable", type=Path, action="append", default=[])
+    parser.add_argument("--die-with-parent", action="store_true")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command to run")
     user = ServerUser(args.uid, args.gid) if args.uid is not None else None
-    enter_sandbox(user, args.expose, args.writable)
+    parent = os.getppid()
+    if not os.environ.get(SANDBOXED_ENV):  # a launcher inside the sandbox starts tritonserver
+        enter_sandbox(user, args.expose, args.writable)
+    if args.die_with_parent:
+        die_with_parent(parent)
     os.execv(command[0], command)
 
 

@@ -37,7 +37,6 @@ from avspec.serving.cleanup import clean_leftovers, remove_regions, shm_prefix
 from avspec.serving.exposure import triton_flags
 from avspec.serving.front import Front, FrontConfig, generate_schema_from_config
 from avspec.serving.sandbox import (
-    SANDBOXED_ENV,
     ServerUser,
     runtime_paths,
     sandbox_command,
@@ -292,10 +291,16 @@ class ServerProcess:
         environment = self.triton.environment(self.cpu_threads)
         if self._drops_privileges:
             environment["HOME"] = str(self.run_dir)  # root's home is not the server user's
-        command = self.command(self._backends)
-        if not os.environ.get(SANDBOXED_ENV):  # the launcher may have entered it already
-            user = self.user if self._drops_privileges else None
-            command = sandbox_command(command, user, self._exposed, self._writable)
+        # through the sandbox (a no-op but for the parent-death signal when the launcher is in
+        # one already): tritonserver dies with this process, even when it is SIGKILLed
+        user = self.user if self._drops_privileges else None
+        command = sandbox_command(
+            self.command(self._backends),
+            user,
+            self._exposed,
+            self._writable,
+            die_with_parent=True,
+        )
         out = open(self.log_path, "ab") if self.log_path is not None else None  # noqa: SIM115
         try:
             self.process = subprocess.Popen(

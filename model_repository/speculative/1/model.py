@@ -153,7 +153,9 @@ def _send_refusal(sender, error):
     elif isinstance(error, Overloaded):
         _send_error(sender, str(error), _unavailable())
     else:
-        message = f"{type(error).__name__}: {error}"
+        # the prefix tells the front it is the server's failure (5xx): Triton 2.51 answers 400
+        # to every error of a decoupled model (avspec.serving.front.http_wire)
+        message = f"generation failed: {type(error).__name__}: {error}"
         _send_error(sender, message, pb_utils.TritonError.INTERNAL)
 
 

@@ -1,35 +1,33 @@
-"""The front: the only public door to the Triton server, on HTTP and gRPC.
+"""The front: the only public door to the Triton server, on HTTP, gRPC and metrics.
 
 Exposure model (avspec.serving.exposure)
 ----------------------------------------
-tritonserver binds its HTTP and gRPC ports on 127.0.0.1 only, with restricted APIs:
-
-* `inference` (infer, generate, generate_stream) requires the per-boot front key, which only the
-  front knows, so every inference call passes through here (header `avspec-front-key`; over
-  gRPC Triton expects it as `triton-grpc-protocol-avspec-front-key`);
-* the admin APIs (model repository, model config, statistics, shared memory, trace, logging)
-  require the operator's admin key (`avspec-admin-key`, over gRPC with the same prefix);
-* health and metadata are open.
+tritonserver's HTTP and gRPC are Unix sockets in a directory only the server's user may enter,
+its metrics a loopback port: only the front (and the launcher's own calls) reach it, so Triton
+restricts nothing by key and no key is on any command line.
 
 The front listens on the public address and forwards only:
 
 * health (live, ready) and server metadata;
 * for each public model: metadata, ready, generate, generate_stream and infer (HTTP), or
-  ModelMetadata, ModelReady, ModelInfer and ModelStreamInfer (gRPC).
+  ModelMetadata, ModelReady, ModelInfer and ModelStreamInfer (gRPC);
+* `GET /metrics` on the metrics port (metrics_relay).
 
-Anything else (other models, repository, config, statistics, trace, logging, shared memory) is
-refused with 403 / PERMISSION_DENIED, unless the front was given an admin key and the request
-carries it; then it is forwarded as is and Triton checks the key again.
+A model the server loads but does not publish is refused with 403 / PERMISSION_DENIED, an
+unknown one with 404 / NOT_FOUND; anything else (repository, config, statistics, trace,
+logging, shared memory) with 403, unless the front was given the operator's admin key and the
+request carries it: then it is forwarded as is (the key itself is not).
 
 On every forwarded call the front sets the caller's identity `avspec-client` (the model uses it
-for per-client fairness; see policy for what an identity is) and the front key. Whatever a client
-sends in any header or metadata key containing `avspec` is dropped, and request parameters (or
-generate fields) named `avspec-*` are refused, so neither value can be spoofed.
+for per-client fairness; see policy for what an identity is). Whatever a client sends in any
+header or metadata key containing `avspec` is dropped, and request parameters (or generate
+fields) named `avspec-*` are refused, so the identity cannot be spoofed.
 
 Modules: schema (generate body schema and validation), config (FrontConfig), policy (admin
-authorisation, refusal texts, reserved names, identity), inflight (calls that
-Front.abort_inference ends), http_wire and http_relay (HTTP), grpc_relay (gRPC), server (Front:
-both relays on one event loop in a background thread).
+authorisation, refusal texts, reserved names, identity), limits (connections and streams per IP
+address and in total; health is never refused), inflight (calls that Front.abort_inference
+ends), http_wire and http_relay (HTTP), grpc_relay (gRPC), metrics_relay (the metrics port),
+server (Front: the relays on one event loop in a background thread).
 """
 
 from avspec.serving.front.config import FrontConfig

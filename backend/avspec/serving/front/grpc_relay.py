@@ -7,21 +7,27 @@ ServerMetadata, and ModelReady, ModelMetadata, ModelInfer, ModelStreamInfer on p
 anything else needs the operator's admin key, sent as `avspec-admin-key` or
 `triton-grpc-protocol-avspec-admin-key`.
 
-Triton's `--grpc-restricted-protocol` expects its keys with the prefix `triton-grpc-protocol-`,
-so upstream the front sends `triton-grpc-protocol-avspec-front-key` (and, for an authorised
-admin call, `triton-grpc-protocol-avspec-admin-key`), plus `avspec-client: <peer ip:port>`,
-which `--grpc-header-forward-pattern` hands to the model. Client metadata whose key contains
-`avspec` is dropped: the forward pattern is a regex search, so even
-`triton-grpc-protocol-avspec-client` would reach the model.
+Only the front reaches Triton (its gRPC listens on a Unix socket only the server's user may
+open), so the admin key is checked here and never sent upstream. Upstream the front adds
+`avspec-client: <peer ip:port>`, which `--grpc-header-forward-pattern` hands to the model.
+Client metadata whose key contains `avspec` is dropped: the forward pattern is a regex search,
+so even `triton-grpc-protocol-avspec-client` would reach the model.
 
 ModelInfer and ModelStreamInfer calls are registered for `Front.abort_inference`, which ends
 them with UNAVAILABLE and its message, and cancels their upstream calls.
+
+Caps (front.limits), counted here rather than by gRPC's `maximum_concurrent_rpcs`, which also
+refused health calls once idle streams filled it: a stream takes a slot of its peer's IP address
+and of the total, any other call but health (ServerLive, ServerReady, ServerMetadata) one of the
+total; past a cap RESOURCE_EXHAUSTED. A stream with no request in progress for
+`stream_idle_timeout_s` is ended with UNAVAILABLE (_Activity).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -29,18 +35,16 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2
 
-from avspec.serving.exposure import (
-    ADMIN_KEY_HEADER,
-    CLIENT_HEADER,
-    FRONT_KEY_HEADER,
-    GRPC_RESTRICTED_PREFIX,
-)
+from avspec.serving.exposure import ADMIN_KEY_HEADER, CLIENT_HEADER, GRPC_RESTRICTED_PREFIX
 from avspec.serving.front.config import FrontConfig
 from avspec.serving.front.inflight import InFlight, settle
+from avspec.serving.front.limits import Full, Slots
 from avspec.serving.front.policy import (
     RESERVED_MARK,
     RESTARTING,
     admin_authorized,
+    grpc_peer_ip,
+    model_refusal,
     refusal,
     reserved_parameter,
     stage_ready,
@@ -61,12 +65,14 @@ _PUBLIC_RPCS = frozenset(
 _RPCS = frozenset(
     m.name for m in service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
 )
-FRONT_KEY_METADATA = GRPC_RESTRICTED_PREFIX + FRONT_KEY_HEADER
 ADMIN_KEY_METADATA = GRPC_RESTRICTED_PREFIX + ADMIN_KEY_HEADER
 _ADMIN_KEY_NAMES = frozenset({ADMIN_KEY_HEADER, ADMIN_KEY_METADATA})
 # Metadata gRPC manages itself; passing it on to a new call is refused or meaningless.
 _GRPC_OWN_METADATA = frozenset({"user-agent", "content-type", "te", "grpc-accept-encoding"})
 _STREAM_EOF = object()
+# Never refused by the caps of front.limits: a probe must see the server whatever clients hold.
+_HEALTH_RPCS = frozenset({"ServerLive", "ServerReady", "ServerMetadata"})
+_FINAL_RESPONSE = "triton_final_response"  # response parameter Triton sets on decoupled models
 
 
 @dataclass(frozen=True)
@@ -85,11 +91,69 @@ def _model_of(rpc: str, request: bytes) -> tuple[str, Any]:
     return service_pb2.ModelMetadataRequest.FromString(request).name, ()
 
 
+def _completes_request(response: bytes) -> bool:
+    """Whether a ModelStreamInfer response is its request's last one.
+
+    Triton marks every response of a decoupled model with `triton_final_response`; a model that
+    is not decoupled answers each request once, unmarked.
+    """
+    try:
+        message = service_pb2.ModelStreamInferResponse.FromString(response)
+    except Exception:  # protobuf's DecodeError; unknown counts as "still in progress"
+        return False
+    parameters = message.infer_response.parameters
+    final = parameters.get(_FINAL_RESPONSE)
+    return final is None or final.bool_param
+
+
+@dataclass
+class _Activity:
+    """What makes a stream idle: no request in progress (none sent and still unanswered) since
+    `quiet_since` (loop time), for the idle timeout. A stream waiting on a long generation is
+    busy however long it waits, and a client gets the whole timeout after each answer."""
+
+    quiet_since: float
+    pending: int = 0  # requests sent upstream whose last response has not reached the client
+
+    def sent(self) -> None:
+        self.pending += 1
+
+    def answered(self, response: bytes, now: float) -> None:
+        if self.pending and _completes_request(response):
+            self.pending -= 1
+            if not self.pending:
+                self.quiet_since = now
+
+    def idle_at(self, timeout_s: float) -> float | None:
+        """When the stream becomes idle (loop time); None while a request is in progress."""
+        return None if self.pending else self.quiet_since + timeout_s
+
+
+async def _end_when_idle(
+    activity: _Activity, timeout_s: float, end: Callable[[grpc.StatusCode, str], None]
+) -> None:
+    """End the stream with UNAVAILABLE once it has been idle for `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    while (idle_at := activity.idle_at(timeout_s)) is None or loop.time() < idle_at:
+        await asyncio.sleep(timeout_s / 2 if idle_at is None else idle_at - loop.time())
+    message = (
+        f"stream closed by the server: no request in progress for {timeout_s:g} s (idle "
+        "limit); open a new stream when you have a request"
+    )
+    end(grpc.StatusCode.UNAVAILABLE, message)
+
+
 class GrpcRelay(grpc.GenericRpcHandler):
     def __init__(self, config: FrontConfig, inflight: InFlight) -> None:
         self.config = config
         self.port = 0
         self._inflight = inflight
+        self._slots = Slots(
+            config.max_per_address,
+            config.max_connections,
+            noun="open streams",
+            total_noun="calls in progress",
+        )
         self._server: grpc.aio.Server | None = None
         self._channel: grpc.aio.Channel | None = None
 
@@ -107,7 +171,6 @@ class GrpcRelay(grpc.GenericRpcHandler):
                 ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0),  # else a taken port is silently shared
             ],
-            maximum_concurrent_rpcs=self.config.max_connections,
         )
         self._server.add_generic_rpc_handlers((self,))
         host = self.config.host
@@ -139,8 +202,8 @@ class GrpcRelay(grpc.GenericRpcHandler):
             return grpc.stream_stream_rpc_method_handler(partial(self._stream, method))
         return grpc.unary_unary_rpc_method_handler(partial(self._unary, rpc, method))
 
-    def _metadata(self, context: grpc.aio.ServicerContext, admin: bool) -> list[tuple[str, str]]:
-        """Client metadata without keys containing `avspec`, plus the front's own.
+    def _metadata(self, context: grpc.aio.ServicerContext) -> list[tuple[str, str]]:
+        """Client metadata without keys containing `avspec`, plus the caller's identity.
 
         The caller's identity is its peer `ip:port` (as gRPC writes it, e.g.
         `ipv4:10.0.0.7:51234`): one channel is one client program.
@@ -152,10 +215,7 @@ class GrpcRelay(grpc.GenericRpcHandler):
             and key not in _GRPC_OWN_METADATA
             and not key.startswith(":")
         ]
-        if admin:
-            metadata.append((ADMIN_KEY_METADATA, self.config.admin_key or ""))
         metadata.append((CLIENT_HEADER, context.peer()))
-        metadata.append((FRONT_KEY_METADATA, self.config.front_key))
         return metadata
 
     def _admin(self, context: grpc.aio.ServicerContext) -> tuple[bool, list[str]]:
@@ -168,9 +228,7 @@ class GrpcRelay(grpc.GenericRpcHandler):
         keys = list(dict.fromkeys(values))
         return admin_authorized(self.config, keys), keys
 
-    def _refusal(
-        self, rpc: str, request: bytes, admin: bool, keys: list[str]
-    ) -> tuple[grpc.StatusCode, str] | None:
+    def _refusal(self, rpc: str, request: bytes, admin: bool) -> tuple[grpc.StatusCode, str] | None:
         """Why a request is refused (status, details): a model that is not public, a reserved
         request parameter, or bytes that do not parse; None if it may go upstream."""
         try:
@@ -182,11 +240,24 @@ class GrpcRelay(grpc.GenericRpcHandler):
             details = f"request parameter {name!r} is reserved for the front"
             return grpc.StatusCode.INVALID_ARGUMENT, details
         if model not in self.config.public_models and not admin:
-            what = f"model {model!r} is internal: it"
-            return grpc.StatusCode.PERMISSION_DENIED, refusal(self.config, what, keys)
+            internal, message = model_refusal(self.config, model)
+            code = grpc.StatusCode.PERMISSION_DENIED if internal else grpc.StatusCode.NOT_FOUND
+            return code, message
         return None
 
     async def _unary(
+        self, rpc: str, method: str, request: bytes, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        """Forward a unary call within a slot of the total; health calls need none."""
+        if rpc in _HEALTH_RPCS:
+            return await self._forward_unary(rpc, method, request, context)
+        try:
+            with self._slots.hold(None):
+                return await self._forward_unary(rpc, method, request, context)
+        except Full as err:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+
+    async def _forward_unary(
         self, rpc: str, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
         admin, keys = self._admin(context)
@@ -194,7 +265,7 @@ class GrpcRelay(grpc.GenericRpcHandler):
             what = f"method {rpc!r}"
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, refusal(self.config, what, keys))
         if rpc in ("ModelReady", "ModelMetadata", "ModelInfer"):
-            refused = self._refusal(rpc, request, admin, keys)
+            refused = self._refusal(rpc, request, admin)
             if refused is not None:
                 await context.abort(*refused)
         if rpc == "ServerReady" and not await stage_ready(self.config.ready):
@@ -203,7 +274,7 @@ class GrpcRelay(grpc.GenericRpcHandler):
             await context.abort(grpc.StatusCode.UNAVAILABLE, RESTARTING)
         assert self._channel is not None
         call = self._channel.unary_unary(method)(
-            request, metadata=self._metadata(context, admin), timeout=context.time_remaining()
+            request, metadata=self._metadata(context), timeout=context.time_remaining()
         )
         if rpc != "ModelInfer":
             try:
@@ -231,29 +302,48 @@ class GrpcRelay(grpc.GenericRpcHandler):
     async def _stream(
         self, method: str, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
+        """Relay a stream within a slot of its peer's IP address (and of the total)."""
+        try:
+            with self._slots.hold(grpc_peer_ip(context.peer())):
+                # aclosing: the relay's cleanup (cancelling Triton's call) runs before the slot
+                # is given back, not whenever the generator is collected
+                relay = self._relay_stream(method, requests, context)
+                async with contextlib.aclosing(relay) as responses:
+                    async for response in responses:
+                        yield response
+        except Full as err:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+
+    async def _relay_stream(
+        self, method: str, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
         """Relay a bidirectional stream; every request is checked before it goes upstream.
 
         One task copies requests up, one copies responses into a small queue (backpressure), and
         this generator yields from the queue; a refused request ends the stream with its status,
-        and so does Front.abort_inference (UNAVAILABLE).
+        and so does Front.abort_inference (UNAVAILABLE). A third task ends the stream once it is
+        idle (_Activity): open streams cost Triton and a slot of their address.
         """
-        admin, keys = self._admin(context)
+        admin, _ = self._admin(context)
+        loop = asyncio.get_running_loop()
+        activity = _Activity(quiet_since=loop.time())
         assert self._channel is not None
         call = self._channel.stream_stream(method)(
-            metadata=self._metadata(context, admin), timeout=context.time_remaining()
+            metadata=self._metadata(context), timeout=context.time_remaining()
         )
         queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=8)
 
         async def pump_requests() -> None:
             try:
                 async for request in requests:
-                    refused = self._refusal("ModelStreamInfer", request, admin, keys)
+                    refused = self._refusal("ModelStreamInfer", request, admin)
                     if refused is not None:  # ends the stream with this status
                         await queue.put(_Refused(*refused))
                         return
                     if not await stage_ready(self.config.ready):
                         await queue.put(_Refused(grpc.StatusCode.UNAVAILABLE, RESTARTING))
                         return
+                    activity.sent()
                     await call.write(request)
                 await call.done_writing()
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
@@ -269,25 +359,30 @@ class GrpcRelay(grpc.GenericRpcHandler):
 
         tasks = [asyncio.create_task(pump_requests()), asyncio.create_task(pump_responses())]
 
-        def abort(message: str) -> None:
+        def end(code: grpc.StatusCode, message: str) -> None:
             """Stop both pumps (they put nothing more), then leave the status alone queued."""
             call.cancel()
             for task in tasks:
                 task.cancel()
             while not queue.empty():
                 queue.get_nowait()
-            queue.put_nowait(_Refused(grpc.StatusCode.UNAVAILABLE, message))
+            queue.put_nowait(_Refused(code, message))
 
+        watch = asyncio.create_task(
+            _end_when_idle(activity, self.config.stream_idle_timeout_s, end)
+        )
         try:
-            with self._inflight.track(abort):
+            with self._inflight.track(partial(end, grpc.StatusCode.UNAVAILABLE)):
                 while (item := await queue.get()) is not _STREAM_EOF:
                     if isinstance(item, _Refused):
                         await context.abort(item.code, item.details)
                     if isinstance(item, grpc.aio.AioRpcError):
                         await context.abort(item.code(), item.details() or "")
                     yield item
+                    activity.answered(item, loop.time())  # once handed to the client
         finally:
             call.cancel()  # the client cancelled, dropped, was refused, or the stream ended
+            watch.cancel()
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, watch, return_exceptions=True)

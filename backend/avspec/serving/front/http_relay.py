@@ -12,6 +12,11 @@ generate and generate_stream, as the body field `"avspec-client"`: Triton 2.51 d
 HTTP headers to the model for /generate, but makes unknown generate fields request parameters.
 A client cannot send that field itself (an unknown field is a 400).
 
+Each IP address holds at most `max_per_address` connections (429 past it), all clients
+together `max_connections` (503); every 429 and 503 says `Retry-After`. Triton's 400 to a
+generate call is read whole and given the status the entry model meant (http_wire
+.ENTRY_SERVER_ERRORS: 503 for a full queue, 500 for a failed stage).
+
 Every generate, generate_stream and infer call is registered for `Front.abort_inference`, which
 ends it: with a 503 if the response head has not started, with a last SSE event
 `data: {"error": ...}` and a proper end of the chunked body if an event stream is under way, and
@@ -28,13 +33,15 @@ from functools import partial
 
 from avspec.serving.exposure import CLIENT_HEADER
 from avspec.serving.front import http_wire as wire
-from avspec.serving.front.config import FrontConfig, split_host_port
+from avspec.serving.front.config import FrontConfig, upstream_address
 from avspec.serving.front.inflight import InFlight, settle
+from avspec.serving.front.limits import Full, Slots
 from avspec.serving.front.policy import RESTARTING, http_identity, stage_ready
 from avspec.serving.front.schema import check_generate_body
 
 _LINGER_S = 1.0  # after an early error: how long to swallow a body the client still sends
 _CHUNK = 64 << 10
+_ERROR_BODY_LIMIT = 64 << 10  # an error answer read whole (Triton's are a line of JSON)
 
 
 @dataclass
@@ -45,6 +52,7 @@ class _Exchange:
     head: wire.ResponseHead | None = None  # set once the response head goes out
     owed: int = 0  # bytes still due to close the chunk (or Content-Length body) under way
     complete: bool = False  # the whole response has been written
+    generate: bool = False  # a generate call: Triton's 400 may hide a server-side error
 
 
 class HttpRelay:
@@ -52,9 +60,15 @@ class HttpRelay:
         self.config = config
         self.port = 0
         self._inflight = inflight
-        self._upstream = split_host_port(config.upstream_http)
+        self._upstream = upstream_address(config.upstream_http)
         self._server: asyncio.Server | None = None
         self._clients: set[asyncio.Task] = set()
+        self._slots = Slots(
+            config.max_per_address,
+            config.max_connections,
+            noun="open connections",
+            total_noun="open connections",
+        )
         self._closing = False
 
     async def open(self) -> None:
@@ -78,13 +92,22 @@ class HttpRelay:
             await self._server.wait_closed()
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        if len(self._clients) >= self.config.max_connections:
-            writer.write(wire.error_response(503, "too many open connections; retry later"))
+        """Serve a connection within a slot of its IP address (and of the total): past its
+        address's cap 429, past the total 503, both with Retry-After."""
+        address = http_identity(writer.get_extra_info("peername")[0])
+        try:
+            with self._slots.hold(address):
+                await self._serve_client(reader, writer)
+        except Full as err:
+            writer.write(wire.error_response(429 if err.per_address else 503, str(err)))
             await self._linger_close(reader, writer)
             await self._close_client(writer)
-            return
+
+    async def _serve_client(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
         self._clients.add(task)
         try:
             await self._serve(reader, writer)
@@ -219,13 +242,20 @@ class HttpRelay:
 
     async def _upstream_status(self, request: wire.Request, identity: str) -> int:
         async with asyncio.timeout(self.config.connect_timeout_s * 2):
-            up_reader, up_writer = await asyncio.open_connection(*self._upstream)
+            up_reader, up_writer = await self._connect()
             try:
                 up_writer.write(wire.upstream_head(self.config, request, b"", False, identity))
                 head = await up_reader.readuntil(b"\r\n\r\n")
             finally:
                 up_writer.transport.abort()
         return wire.parse_status(head)
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A new connection to Triton's HTTP (its Unix socket, or host:port)."""
+        limit = self.config.max_header_bytes * 4
+        if isinstance(self._upstream, str):
+            return await asyncio.open_unix_connection(self._upstream, limit=limit)
+        return await asyncio.open_connection(*self._upstream, limit=limit)
 
     async def _forward(
         self,
@@ -242,7 +272,7 @@ class HttpRelay:
         reset at once, which makes Triton cancel the request. An inference call also ends when
         Front.abort_inference resolves its `aborted` future.
         """
-        exchange = _Exchange()
+        exchange = _Exchange(generate=route.kind == "generate")
         aborted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         relay = asyncio.create_task(
             self._relay(request, body, route.admin, identity, exchange, writer)
@@ -295,12 +325,11 @@ class HttpRelay:
     ) -> None:
         try:
             async with asyncio.timeout(self.config.connect_timeout_s):
-                up_reader, exchange.upstream = await asyncio.open_connection(
-                    *self._upstream, limit=self.config.max_header_bytes * 4
-                )
+                up_reader, exchange.upstream = await self._connect()
         except (OSError, TimeoutError) as err:
+            # down or restarting (the launcher starts it again): a retry soon may succeed
             address = self.config.upstream_http
-            raise wire.HttpError(502, f"Triton at {address} is unreachable: {err}") from None
+            raise wire.HttpError(503, f"Triton at {address} is unreachable: {err}") from None
         try:
             exchange.upstream.write(wire.upstream_head(self.config, request, body, admin, identity))
             await exchange.upstream.drain()
@@ -310,6 +339,11 @@ class HttpRelay:
             raise wire.HttpError(502, message) from None
         status = wire.parse_status(head)
         framing = wire.rewrite_head(head)
+        if status == 400 and exchange.generate:
+            answer = await self._entry_error(framing, up_reader)
+            exchange.head, exchange.complete = framing, True  # written whole, without a pause
+            await self._send(writer, answer)
+            return
         bodyless = status in (204, 304) or 100 <= status < 200
         exchange.head = framing
         if not framing.chunked and framing.length is not None and not bodyless:
@@ -318,6 +352,27 @@ class HttpRelay:
         await self._send(writer, framing.head)
         if not bodyless:
             await self._relay_body(framing, up_reader, writer, exchange)
+
+    async def _entry_error(
+        self, framing: wire.ResponseHead, up_reader: asyncio.StreamReader
+    ) -> bytes:
+        """Triton's 400 to a generate call, with the status the entry model meant.
+
+        Triton 2.51 answers 400 whatever the code of a decoupled model's error
+        (wire.ENTRY_SERVER_ERRORS), so the body is read whole, its message decides the status,
+        and it goes out as it came (same content type and bytes), framed by Content-Length.
+        """
+        try:
+            async with asyncio.timeout(self.config.read_timeout_s):
+                body = await _read_whole(framing, up_reader)
+        except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError) as err:
+            raise wire.HttpError(502, f"Triton's error answer broke off ({err!r})") from None
+        except asyncio.LimitOverrunError:
+            raise wire.HttpError(502, "Triton's error answer has an overlong line") from None
+        content_type = (
+            "text/event-stream; charset=utf-8" if framing.event_stream else "application/json"
+        )
+        return wire.response(wire.entry_error_status(body), body, content_type)
 
     async def _relay_body(
         self,
@@ -377,3 +432,27 @@ async def _wait_closed(reader: asyncio.StreamReader) -> None:
     with contextlib.suppress(OSError):
         while await reader.read(_CHUNK):
             pass
+
+
+async def _read_whole(framing: wire.ResponseHead, up_reader: asyncio.StreamReader) -> bytes:
+    """A small body (an error answer), its framing removed; ValueError past 64 KiB."""
+    limit = _ERROR_BODY_LIMIT
+    if framing.length is not None and not framing.chunked:
+        if framing.length > limit:
+            raise ValueError(f"error body of {framing.length} bytes")
+        return await up_reader.readexactly(framing.length)
+    body = b""
+    while framing.chunked:
+        size = int((await up_reader.readuntil(b"\r\n")).split(b";", 1)[0].strip(), 16)
+        if not size:  # last chunk: trailers up to an empty line
+            while await up_reader.readuntil(b"\r\n") != b"\r\n":
+                pass
+            return body
+        body += (await up_reader.readexactly(size + 2))[:-2]
+        if len(body) > limit:
+            raise ValueError(f"error body over {limit} bytes")
+    while data := await up_reader.read(_CHUNK):  # framed by the close
+        body += data
+        if len(body) > limit:
+            raise ValueError(f"error body over {limit} bytes")
+    return body

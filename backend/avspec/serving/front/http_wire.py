@@ -3,7 +3,8 @@ request and the responses. No I/O here; the relay (http_relay) does the reading 
 
 Routing: health (live, ready) and server metadata, and for each public model metadata, ready,
 generate, generate_stream and infer. Anything else is refused with 403 unless the request carries
-the operator's admin key, in which case it is forwarded as is (Triton checks the key again).
+the operator's admin key, in which case it is forwarded as is (only the front reaches Triton,
+so this check is the only one).
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import NamedTuple
 
-from avspec.serving.exposure import ADMIN_KEY_HEADER, CLIENT_HEADER, FRONT_KEY_HEADER
+from avspec.serving.exposure import ADMIN_KEY_HEADER, CLIENT_HEADER
 from avspec.serving.front.config import FrontConfig
 from avspec.serving.front.policy import (
     RESERVED_MARK,
     admin_authorized,
+    model_refusal,
     refusal,
     reserved_parameter,
 )
@@ -40,6 +42,7 @@ _MODEL_ACTIONS = {  # action -> (method, kind)
     "/infer": ("POST", "infer"),
 }
 _INFERENCE_ACTIONS = frozenset({"/generate", "/generate_stream", "/infer"})
+_STATISTICS_PATH = "/v2/models/stats"  # Triton's statistics API, not a model named "stats"
 _SERVER_PATHS = {  # path -> kind; all GET
     "/v2": "plain",
     "/v2/health/live": "plain",
@@ -59,6 +62,23 @@ _HOP_BY_HOP = frozenset(
         "host",
         "content-length",
     }
+)
+
+
+# A 429 or 503 tells the client when to retry: a decode step or two frees a queue slot, and a
+# stage restart takes 1-2 s.
+RETRY_STATUSES = frozenset({429, 503})
+RETRY_AFTER_S = 1
+
+# Triton 2.51 answers 400 to every error a decoupled model sends over /generate, whatever its
+# TritonError code (measured on the bundled server: the entry's UNAVAILABLE "overloaded" and
+# INTERNAL "generation failed" both came back 400, which clients take for their own mistake).
+# The entry's errors that are not the client's fault start with these words; the front gives
+# them the status Triton gives those codes elsewhere (UNAVAILABLE 503, INTERNAL 500).
+ENTRY_SERVER_ERRORS: tuple[tuple[str, int], ...] = (
+    ("overloaded", 503),  # avspec.engine.admission.Overloaded: the wait queue is full
+    ("request ran past the server's limit", 503),  # avspec.engine.scheduler.RequestTimedOut
+    ("generation failed", 500),  # a stage failed mid-request (the entry's _Client.on_error)
 )
 
 
@@ -95,7 +115,7 @@ class Route(NamedTuple):
     """How the front handles a request it forwards.
 
     kind: "plain" (forward as is), "ready", "generate" (check the body) or "infer".
-    admin: the request carries the operator key (forwarded to Triton, which checks it).
+    admin: the request carries the operator key (checked here; never forwarded).
     inference: a model's generate, generate_stream or infer (Front.abort_inference ends it).
     """
 
@@ -110,10 +130,13 @@ def response(
     content_type: str = "application/json",
     headers: tuple[tuple[str, str], ...] = (),
 ) -> bytes:
+    """A whole response, `Connection: close`; a 429 or 503 says when to retry (Retry-After)."""
     lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}"]
     if body:
         lines.append(f"Content-Type: {content_type}")
     lines += [f"{name}: {value}" for name, value in headers]
+    if status in RETRY_STATUSES and not any(name.lower() == "retry-after" for name, _ in headers):
+        lines.append(f"Retry-After: {RETRY_AFTER_S}")
     lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
     return "\r\n".join(lines).encode("latin-1") + body
 
@@ -164,7 +187,7 @@ def route(config: FrontConfig, request: Request) -> Route:
     keys = request.values(ADMIN_KEY_HEADER)
     admin = admin_authorized(config, keys)
     path = request.path
-    model_match = _MODEL_PATH.fullmatch(path)
+    model_match = _MODEL_PATH.fullmatch(path) if path != _STATISTICS_PATH else None
     inference = model_match is not None and model_match.group("action") in _INFERENCE_ACTIONS
     if path in _SERVER_PATHS:
         method, kind = "GET", _SERVER_PATHS[path]
@@ -174,8 +197,8 @@ def route(config: FrontConfig, request: Request) -> Route:
         if model not in config.public_models:
             if admin:
                 return Route("plain", True, inference)
-            what = f"model {model!r} is internal: it"
-            raise HttpError(403, refusal(config, what, keys))
+            internal, message = model_refusal(config, model)
+            raise HttpError(403 if internal else 404, message)
     elif admin:
         return Route("plain", True, False)
     else:
@@ -208,27 +231,48 @@ def check_infer(request: Request, body: bytes) -> None:
 def upstream_head(
     config: FrontConfig, request: Request, body: bytes, admin: bool, identity: str
 ) -> bytes:
-    """The request as sent to Triton: hop-by-hop and `avspec` headers dropped, the front's own
-    (identity, front key, admin key when authorised) added, `Connection: close`."""
+    """The request as sent to Triton: hop-by-hop and `avspec` headers dropped (the admin key
+    among them), the caller's identity added, `Connection: close`. `admin` is unused upstream:
+    only the front can reach Triton, so the front alone checks the key."""
     connection_tokens = {
         token.strip().lower()
         for value in request.values("connection")
         for token in value.split(",")
     }
-    lines = [f"{request.method} {request.target} HTTP/1.1", f"Host: {config.upstream_http}"]
+    lines = [f"{request.method} {request.target} HTTP/1.1", "Host: localhost"]
     for name, value in request.headers:
         lower = name.lower()
         if lower in _HOP_BY_HOP or lower in connection_tokens or RESERVED_MARK in lower:
             continue
         lines.append(f"{name}: {value}")
-    if admin:
-        lines.append(f"{ADMIN_KEY_HEADER}: {config.admin_key}")
     lines.append(f"{CLIENT_HEADER}: {identity}")
-    lines.append(f"{FRONT_KEY_HEADER}: {config.front_key}")
     if body or request.method not in ("GET", "HEAD"):
         lines.append(f"Content-Length: {len(body)}")
     lines += ["Connection: close", "", ""]
     return "\r\n".join(lines).encode("latin-1") + body
+
+
+def error_message(body: bytes) -> str | None:
+    """The message of the first `{"error": "..."}` object in an error body: Triton's JSON
+    answer, or the `data: {...}` event of an event stream."""
+    text = body.decode("utf-8", "replace")
+    start = text.find("{")
+    try:
+        document, _ = json.JSONDecoder().raw_decode(text, max(start, 0))
+    except ValueError:
+        return None
+    message = document.get("error") if isinstance(document, dict) else None
+    return message if isinstance(message, str) else None
+
+
+def entry_error_status(body: bytes) -> int:
+    """The status of a generate call that Triton answered 400 with this body: the entry's
+    server-side errors (ENTRY_SERVER_ERRORS) get theirs, anything else stays 400."""
+    message = error_message(body) or ""
+    for prefix, status in ENTRY_SERVER_ERRORS:
+        if message.startswith(prefix):
+            return status
+    return 400
 
 
 def parse_status(head: bytes) -> int:
@@ -248,14 +292,17 @@ class ResponseHead(NamedTuple):
 
 
 def rewrite_head(head: bytes) -> ResponseHead:
+    """Triton's head as relayed: `Connection: close`, and Retry-After on a 429 or 503."""
     lines = head.decode("latin-1").split("\r\n")[:-2]
     kept = [lines[0]]
     chunked, length, event_stream = False, None, False
+    retry_after = parse_status(head) not in RETRY_STATUSES
     for line in lines[1:]:
         name, _, value = line.partition(":")
         lower = name.strip().lower()
         if lower in ("connection", "keep-alive", "proxy-connection"):
             continue
+        retry_after = retry_after or lower == "retry-after"
         if lower == "transfer-encoding" and "chunked" in value.lower():
             chunked = True
         elif lower == "content-length" and value.strip().isdigit():
@@ -263,5 +310,7 @@ def rewrite_head(head: bytes) -> ResponseHead:
         elif lower == "content-type" and value.strip().lower().startswith("text/event-stream"):
             event_stream = True
         kept.append(line)
+    if not retry_after:
+        kept.append(f"Retry-After: {RETRY_AFTER_S}")
     kept += ["Connection: close", "", ""]
     return ResponseHead("\r\n".join(kept).encode("latin-1"), chunked, length, event_stream)

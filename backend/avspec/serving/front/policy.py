@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -46,6 +47,19 @@ def refusal(config: FrontConfig, what: str, values: list[str]) -> str:
     return f"{what} is not public ({reason}); {ADMIN_HINT}"
 
 
+def model_refusal(config: FrontConfig, model: str) -> tuple[bool, str]:
+    """Why a caller without the admin key may not use `model`: (internal?, message).
+
+    An internal model (config.internal_models) is 403 / PERMISSION_DENIED, named as internal
+    with no word on how to open it; any other name is a typo or a guess, 404 / NOT_FOUND, and
+    the message lists the models this server serves.
+    """
+    if model in config.internal_models:
+        return True, f"model {model!r} is internal"
+    public = ", ".join(repr(name) for name in config.public_models)
+    return False, f"unknown model {model!r}; this server serves {public}"
+
+
 def reserved_parameter(names: Iterable[Any]) -> str | None:
     """The first request-parameter name the front reserves (a spoofing attempt), if any."""
     for name in names:
@@ -62,6 +76,16 @@ def http_identity(host: str) -> str:
         return host
     mapped = getattr(address, "ipv4_mapped", None)
     return str(mapped) if mapped is not None else host
+
+
+def grpc_peer_ip(peer: str) -> str:
+    """The IP address of a gRPC peer as `context.peer()` writes it (`ipv4:10.0.0.7:51234`,
+    `ipv6:[::1]:51234`, the brackets sometimes %-encoded); any other form is kept whole."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return peer
+    host = urllib.parse.unquote(rest).rpartition(":")[0]
+    return http_identity(host.strip("[]"))
 
 
 RESTARTING = "a serving stage is restarting (the server reloads it by itself); retry shortly"

@@ -8,7 +8,14 @@ from http.server import ThreadingHTTPServer
 
 import grpc
 import pytest
-from helpers.front_fakes import ADMIN_KEY, FakeHttp, FakeTriton, front_config, make_handler
+from helpers.front_fakes import (
+    ADMIN_KEY,
+    INTERNAL_MODELS,
+    FakeHttp,
+    FakeTriton,
+    front_config,
+    make_handler,
+)
 from tritonclient.grpc import service_pb2_grpc
 
 from avspec.serving.front import Front
@@ -30,7 +37,7 @@ def fake_http():
 @pytest.fixture(scope="module")
 def fake_grpc():
     fake = FakeTriton()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))  # streams hold a worker
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(fake, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -46,7 +53,13 @@ def state():
 
 @pytest.fixture(scope="module")
 def front(fake_http, fake_grpc, state):
-    config = front_config(fake_http, fake_grpc, admin_key=ADMIN_KEY, ready=lambda: state["ready"])
+    config = front_config(
+        fake_http,
+        fake_grpc,
+        admin_key=ADMIN_KEY,
+        ready=lambda: state["ready"],
+        internal_models=INTERNAL_MODELS,
+    )
     with Front(config) as running:
         yield running
 

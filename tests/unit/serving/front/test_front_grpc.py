@@ -9,7 +9,7 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from helpers.front_fakes import ADMIN_KEY, FRONT_KEY, MAX_BODY, infer_request
+from helpers.front_fakes import ADMIN_KEY, MAX_BODY, infer_request
 from tritonclient.grpc import service_pb2
 
 PREFIX = "triton-grpc-protocol-"
@@ -25,14 +25,10 @@ def test_grpc_infer_forwarded_with_identity(stub, fake_grpc):
     )
     response = stub.ModelInfer(infer_request(), metadata=spoofs)
     echoed = {k: v.string_param for k, v in response.parameters.items()}
-    # Triton's --grpc-restricted-protocol reads its keys with the `triton-grpc-protocol-` prefix.
-    assert echoed[PREFIX + "avspec-front-key"] == FRONT_KEY
     assert echoed["avspec-client"].startswith("ipv4:127.0.0.1:")  # one channel = one client
     assert echoed["x-trace"] == "t"
-    assert sorted(key for key in echoed if "avspec" in key) == [
-        "avspec-client",
-        PREFIX + "avspec-front-key",
-    ]
+    # Only the front reaches Triton: no key of any kind goes upstream, the identity alone.
+    assert [key for key in echoed if "avspec" in key] == ["avspec-client"]
     assert stub.ServerLive(service_pb2.ServerLiveRequest()).live
 
 
@@ -69,8 +65,7 @@ def test_grpc_admin_method_needs_the_admin_key(stub, fake_grpc, name, key, allow
     if allowed:
         stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(), metadata=metadata)
         ((_, seen),) = fake_grpc.calls
-        assert seen[PREFIX + "avspec-admin-key"] == ADMIN_KEY
-        assert "avspec-admin-key" not in seen
+        assert [key for key in seen if "avspec" in key] == ["avspec-client"]  # key checked here
     else:
         with pytest.raises(grpc.RpcError) as err:
             stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(), metadata=metadata)
@@ -151,11 +146,11 @@ def test_tritonclient_grpc_stream_through_the_front(front, fake_grpc):
     assert ids == ["r1", "r2"]
     echoed = results[0].get_response().parameters
     assert echoed["avspec-client"].string_param.startswith("ipv4:127.0.0.1:")
-    assert echoed[PREFIX + "avspec-front-key"].string_param == FRONT_KEY
-    assert "avspec-front-key" not in echoed
+    assert [key for key in echoed if "avspec" in key] == ["avspec-client"]
 
 
 def test_grpc_admin_key_sent_under_both_names_counts_once(stub, fake_grpc):
     metadata = (("avspec-admin-key", ADMIN_KEY), (PREFIX + "avspec-admin-key", ADMIN_KEY))
     stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(), metadata=metadata)
-    assert fake_grpc.calls[0][1][PREFIX + "avspec-admin-key"] == ADMIN_KEY
+    ((_, seen),) = fake_grpc.calls  # authorised once, and neither name goes upstream
+    assert [key for key in seen if "avspec" in key] == ["avspec-client"]

@@ -13,7 +13,7 @@ from avspec.serving.front import (
     check_generate_body,
     generate_schema_from_config,
 )
-from avspec.serving.front.policy import http_identity
+from avspec.serving.front.policy import grpc_peer_ip, http_identity
 
 
 def test_default_schema_matches_the_speculative_config():
@@ -67,3 +67,27 @@ def test_schema_refuses_the_identity_field():
 )
 def test_http_identity_is_the_ip(host, identity):
     assert http_identity(host) == identity
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [('"\\ud800"', "at character 0"), ('"ab\\udc00"', "at character 2")],
+)
+def test_schema_refuses_a_lone_surrogate_naming_the_field(text, where):
+    body = ('{"text_input": ' + text + ', "max_tokens": 1}').encode()
+    with pytest.raises(ValueError, match="'text_input'.*surrogate") as err:
+        check_generate_body(body, DEFAULT_GENERATE_SCHEMA)
+    assert where in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("peer", "ip"),
+    [
+        ("ipv4:10.0.0.7:51234", "10.0.0.7"),
+        ("ipv6:[2001:db8::1]:51234", "2001:db8::1"),
+        ("ipv6:%5B::ffff:10.0.0.7%5D:51234", "10.0.0.7"),  # brackets %-encoded, IPv4-mapped
+        ("unix:/run/x.sock", "unix:/run/x.sock"),
+    ],
+)
+def test_grpc_peer_ip_drops_the_port(peer, ip):
+    assert grpc_peer_ip(peer) == ip
