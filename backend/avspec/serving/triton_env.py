@@ -2,8 +2,8 @@
 
 Two kinds of server:
 - the one bundled in the nvidia-pytriton wheel (the CPU deployment): the wheel carries a complete
-  tritonserver, the Python backend and one backend stub per Python version (see
-  shared/design/triton.md). Starting it takes a backend directory holding `python/` with
+  tritonserver, the Python backend and one backend stub per Python version (Triton
+  2.51). Starting it takes a backend directory holding `python/` with
   `libtriton_python.so`, `triton_python_backend_utils.py` and the stub matching this interpreter;
   LD_LIBRARY_PATH with this interpreter's libpython and the wheel's bundled libraries; PYTHONPATH
   so the stub processes import this environment's packages and `avspec`;

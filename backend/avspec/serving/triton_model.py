@@ -13,7 +13,7 @@ through numpy, device memory through DLPack) and handed to the stage's adapter
 where a CPU model sends numpy copies.
 
 Every `MetricFamily` is kept on the model instance: a family that is garbage-collected
-invalidates its metrics (shared/design/triton.md).
+invalidates its metrics (seen on Triton 2.51).
 """
 
 from __future__ import annotations
