@@ -22,6 +22,7 @@ from avspec.av.features import logit_qmax
 from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
+from avspec.contract import VerifierInputs
 from avspec.tools.profiler import median_ms
 
 
@@ -46,9 +47,18 @@ def bench(batch: int, k: int, vocab: int, device: str, repeats: int, check_value
         accepted = torch.minimum(last["num_verify"], torch.full_like(last["num_verify"], 3))
         features = logit_qmax(logits, temperature, check_values=check_values)
         decision = verifier.step(
-            seq_ids, features, num_draft, adaptive, accepted, no_release, base_tokens=batch,
-            num_drafted=num_draft, adaptive_drafting=adaptive,
-        )  # fmt: skip
+            VerifierInputs(
+                seq_ids,
+                features,
+                num_draft,
+                adaptive,
+                accepted,
+                no_release,
+                base_tokens=batch,
+                num_drafted=num_draft,
+                adaptive_drafting=adaptive,
+            )  # fmt: skip
+        )
         last["num_verify"] = decision.num_verify
 
     for _ in range(20):

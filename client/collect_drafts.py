@@ -35,7 +35,7 @@ from avspec.av.estimator import AcceptanceEstimator
 from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
-from avspec.contract import StepInputs, StepOutputs, base_tokens
+from avspec.contract import StepInputs, StepOutputs, VerifierInputs, base_tokens
 from avspec.engine.draft_stage import DraftOutput, DraftStage
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
@@ -82,16 +82,18 @@ class RecordingStep:
         if drafting.numel() == 0:
             drafting = torch.zeros_like(inputs.adaptive)
         decision = self.verifier.step(
-            seq_ids=inputs.seq_ids,
-            features=drafted.draft_features,
-            num_draft_tokens=inputs.num_draft_tokens,
-            adaptive=inputs.adaptive,
-            prev_num_accepted=inputs.prev_num_accepted,
-            release_seq_ids=inputs.release_seq_ids,
-            base_tokens=pending,
-            num_drafted=drafted.num_drafted,
-            adaptive_drafting=drafting,
-            prev_timing_ms=inputs.prev_timing_ms,
+            VerifierInputs(
+                seq_ids=inputs.seq_ids,
+                features=drafted.draft_features,
+                num_draft_tokens=inputs.num_draft_tokens,
+                adaptive=inputs.adaptive,
+                prev_num_accepted=inputs.prev_num_accepted,
+                release_seq_ids=inputs.release_seq_ids,
+                base_tokens=pending,
+                num_drafted=drafted.num_drafted,
+                adaptive_drafting=drafting,
+                prev_timing_ms=inputs.prev_timing_ms,
+            )
         )
         refits = self.verifier.estimator.num_refits  # refits behind this step's predictions
         out = self.target(inputs, drafted.draft_tokens, drafted.draft_probs, decision.num_verify)

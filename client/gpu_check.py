@@ -35,7 +35,7 @@ from avspec.av.estimator import AcceptanceEstimator
 from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
-from avspec.contract import StepInputs, StepOutputs
+from avspec.contract import StepInputs, StepOutputs, VerifierInputs
 from avspec.engine.step import SpeculativeStep
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
 from avspec.tools.profiler import median_ms, synchronize
@@ -105,10 +105,18 @@ def verifier_steps(
     def one_step() -> None:
         i = state["i"] % steps
         decision = verifier.step(
-            seq_ids, features[i], num_draft, adaptive, state["prev"], no_release, batch,
-            num_drafted=planned_drafts(state["plan"], features[i], num_draft),
-            adaptive_drafting=adaptive,
-        )  # fmt: skip
+            VerifierInputs(
+                seq_ids,
+                features[i],
+                num_draft,
+                adaptive,
+                state["prev"],
+                no_release,
+                batch,
+                num_drafted=planned_drafts(state["plan"], features[i], num_draft),
+                adaptive_drafting=adaptive,
+            )  # fmt: skip
+        )
         state["prev"] = torch.div(decision.num_verify, 2, rounding_mode="floor").int()
         state["plan"] = decision.draft_plan
         state["i"] += 1

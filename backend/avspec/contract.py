@@ -56,6 +56,29 @@ class StepInputs:
 
 
 @dataclass
+class VerifierInputs:
+    """What the verifier reads of one step: the StepInputs it needs and the draft's output.
+
+    An empty batch is valid (a release-only call): it labels the previous step only.
+    """
+
+    seq_ids: torch.Tensor  # [batch] int64, distinct
+    features: torch.Tensor  # [batch, position] float, logit(q_max); padding may hold anything
+    num_draft_tokens: torch.Tensor  # [batch] int in 0..position, the caps
+    adaptive: torch.Tensor  # [batch] bool
+    # [prev_batch] int, previous batch order; empty: no outcome; another length drops that
+    # record; negative: unlabelled (kept out of the refit)
+    prev_num_accepted: torch.Tensor
+    release_seq_ids: torch.Tensor  # [released] int64, forgotten before matching
+    base_tokens: int  # tokens the target runs anyway (`base_tokens` below)
+    num_drafted: torch.Tensor | None = None  # [batch] int in 0..caps; None: the caps
+    adaptive_drafting: torch.Tensor | None = (
+        None  # [batch] bool, rows the plan may stop; None: none
+    )
+    prev_timing_ms: torch.Tensor | None = None  # [K + 2]; None or empty: no timing
+
+
+@dataclass
 class StepOutputs:
     """What the target returns: accepted drafts then one correction or bonus token."""
 

@@ -36,7 +36,7 @@ device.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -46,6 +46,7 @@ from avspec.av.estimator import AcceptanceEstimator, accepted_counts
 from avspec.av.step_cost import StepCost, rows_per_pass
 from avspec.av.survival import admit, survival
 from avspec.checks import check_finite, check_same_device, check_shape
+from avspec.contract import VerifierInputs
 
 if TYPE_CHECKING:
     from avspec.av.cost_refresh import CostRefresh
@@ -110,43 +111,30 @@ class AdaptiveVerifier:
         self.num_dropped_records = 0  # outcomes whose length did not match the recorded batch
         self.num_bad_timings = 0  # prev_timing_ms the cost refresh refused
 
-    def step(
-        self,
-        seq_ids: torch.Tensor,
-        features: torch.Tensor,
-        num_draft_tokens: torch.Tensor,
-        adaptive: torch.Tensor,
-        prev_num_accepted: torch.Tensor,
-        release_seq_ids: torch.Tensor,
-        base_tokens: int,
-        num_drafted: torch.Tensor | None = None,
-        adaptive_drafting: torch.Tensor | None = None,
-        prev_timing_ms: torch.Tensor | None = None,
-    ) -> VerifyDecision:
-        """Decide num_verify for one step; see the module docstring for the order of work.
-
-        seq_ids [batch] int64 (distinct), features [batch, position] fp (logit q_max; padding
-        positions may hold anything), num_draft_tokens [batch] int in 0..position (the caps),
-        adaptive [batch] bool, prev_num_accepted [prev_batch] int (empty = no outcome; a length
-        other than the previous batch drops that record, counted in num_dropped_records; -1
-        leaves that row unlabelled), release_seq_ids [released] int64 (forgotten before
-        matching, so a reused id counts as new), base_tokens: tokens the target runs anyway.
-        num_drafted [batch] int in 0..num_draft_tokens: drafts the draft stage produced (default:
-        the caps); adaptive_drafting [batch] bool: rows the plan may stop (default: none);
-        prev_timing_ms [K + 2] (draft ms per pass, target ms, step wall ms of the previous step;
-        empty or None: no timing). An empty batch is valid (e.g. a release-only call): it labels
-        the previous step, returns empty tensors and does not count as a decode step. Bad input
+    def step(self, inputs: VerifierInputs) -> VerifyDecision:
+        """Decide num_verify for one step; see the module docstring for the order of work and
+        VerifierInputs for the fields. A length of prev_num_accepted other than the previous
+        batch drops that record (counted in num_dropped_records). An empty batch labels the
+        previous step, returns empty tensors and does not count as a decode step. Bad input
         raises ValueError before any state changes.
         """
-        if num_drafted is None:
-            num_drafted = num_draft_tokens
-        if adaptive_drafting is None:
-            adaptive_drafting = torch.zeros_like(adaptive)
-        ids, released = self._validate(
-            seq_ids, features, num_draft_tokens, adaptive, prev_num_accepted, release_seq_ids,
-            base_tokens, num_drafted, adaptive_drafting,
-        )  # fmt: skip
-        self._observe_timing(prev_timing_ms, prev_num_accepted)
+        num_drafted = (
+            inputs.num_drafted if inputs.num_drafted is not None else inputs.num_draft_tokens
+        )
+        adaptive_drafting = (
+            inputs.adaptive_drafting
+            if inputs.adaptive_drafting is not None
+            else torch.zeros_like(inputs.adaptive)
+        )
+        inputs = replace(inputs, num_drafted=num_drafted, adaptive_drafting=adaptive_drafting)
+        ids, released = self._validate(inputs)
+        features, num_draft_tokens, adaptive = (
+            inputs.features,
+            inputs.num_draft_tokens,
+            inputs.adaptive,
+        )
+        base_tokens, prev_num_accepted = inputs.base_tokens, inputs.prev_num_accepted
+        self._observe_timing(inputs.prev_timing_ms, prev_num_accepted)
         self._label_previous(prev_num_accepted)
         batch, num_pos = features.shape
         for seq_id in released:
@@ -268,18 +256,17 @@ class AdaptiveVerifier:
         ones = torch.ones(num_pos, device=device)
         return torch.stack([values[self._stale[i]] if i in self._stale else ones for i in ids])
 
-    def _validate(
-        self,
-        seq_ids: torch.Tensor,
-        features: torch.Tensor,
-        num_draft_tokens: torch.Tensor,
-        adaptive: torch.Tensor,
-        prev_num_accepted: torch.Tensor,
-        release_seq_ids: torch.Tensor,
-        base_tokens: int,
-        num_drafted: torch.Tensor,
-        adaptive_drafting: torch.Tensor,
-    ) -> tuple[list[int], list[int]]:
+    def _validate(self, inputs: VerifierInputs) -> tuple[list[int], list[int]]:
+        """(sequence ids, released ids) of valid inputs (num_drafted and adaptive_drafting
+        filled in); ValueError naming the first problem."""
+        seq_ids, features, num_draft_tokens = (
+            inputs.seq_ids,
+            inputs.features,
+            inputs.num_draft_tokens,
+        )
+        adaptive, prev_num_accepted = inputs.adaptive, inputs.prev_num_accepted
+        release_seq_ids, base_tokens = inputs.release_seq_ids, inputs.base_tokens
+        num_drafted, adaptive_drafting = inputs.num_drafted, inputs.adaptive_drafting
         check_shape("features", features, (None, None))
         batch, num_pos = features.shape
         check_shape("seq_ids", seq_ids, (batch,))

@@ -138,15 +138,18 @@ class SequenceState:
 class Carry:
     """What one step hands to the next, all CPU tensors: the stale state of the contract.
 
-    accepted: prev_num_accepted [prev_batch] int32 (refit-excluded rows negative); draft_plan
-    [3 + K] float32 (the verifier's plan for the next draft); timing_ms [K + 2] float32 (draft
-    ms per pass, target ms, the step's wall ms). Empty tensors: nothing carried (first step,
-    after a failed step, on replays).
+    Fields named as the StepInputs fields they become. Empty tensors: nothing carried (first
+    step, after a failed step, on replays).
     """
 
-    accepted: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.int32))
+    # [prev_batch] int32 (refit-excluded rows negative)
+    prev_num_accepted: torch.Tensor = field(
+        default_factory=lambda: torch.zeros(0, dtype=torch.int32)
+    )
+    # [3 + K] float32, the verifier's plan for the next draft
     draft_plan: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
-    timing_ms: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    # [K + 2] float32: draft ms per pass, target ms, the step's wall ms
+    prev_timing_ms: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
 
     @classmethod
     def after(cls, outputs: StepOutputs, accepted: torch.Tensor, wall_ms: float) -> Carry:
@@ -183,10 +186,10 @@ def build_inputs(batch: list[SequenceState], releases: list[int], prev: Carry) -
         temperature=column([s.request.temperature for s in batch], torch.float32),
         top_p=column([s.request.top_p for s in batch], torch.float32),
         random_seed=column([s.request.random_seed for s in batch], torch.int64),
-        prev_num_accepted=prev.accepted,
+        prev_num_accepted=prev.prev_num_accepted,
         release_seq_ids=column(releases, torch.int64),
         draft_plan=prev.draft_plan,
-        prev_timing_ms=prev.timing_ms,
+        prev_timing_ms=prev.prev_timing_ms,
     )
 
 

@@ -14,7 +14,7 @@ from avspec.av.estimator import AcceptanceEstimator
 from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
-from avspec.contract import StepInputs, StepOutputs, base_tokens
+from avspec.contract import StepInputs, StepOutputs, VerifierInputs, base_tokens
 from avspec.engine.draft_stage import DraftStage
 from avspec.engine.target_stage import TargetStage
 from avspec.runtime.model_dir import load_model
@@ -47,16 +47,18 @@ class SpeculativeStep:
             drafting = torch.zeros_like(inputs.adaptive)
         # seq ids stay on the host: the verifier matches rows by id there anyway.
         decision = self.verifier.step(
-            seq_ids=inputs.seq_ids,
-            features=drafted.draft_features,
-            num_draft_tokens=inputs.num_draft_tokens.to(device),
-            adaptive=inputs.adaptive.to(device),
-            prev_num_accepted=inputs.prev_num_accepted.to(device),
-            release_seq_ids=inputs.release_seq_ids,
-            base_tokens=base_tokens(inputs.input_lengths, inputs.reusable),
-            num_drafted=drafted.num_drafted,
-            adaptive_drafting=drafting.to(device),
-            prev_timing_ms=inputs.prev_timing_ms,
+            VerifierInputs(
+                seq_ids=inputs.seq_ids,
+                features=drafted.draft_features,
+                num_draft_tokens=inputs.num_draft_tokens.to(device),
+                adaptive=inputs.adaptive.to(device),
+                prev_num_accepted=inputs.prev_num_accepted.to(device),
+                release_seq_ids=inputs.release_seq_ids,
+                base_tokens=base_tokens(inputs.input_lengths, inputs.reusable),
+                num_drafted=drafted.num_drafted,
+                adaptive_drafting=drafting.to(device),
+                prev_timing_ms=inputs.prev_timing_ms,
+            )
         )
         outputs = self.target(
             inputs, drafted.draft_tokens, drafted.draft_probs, decision.num_verify

@@ -33,7 +33,7 @@ from avspec.av.snapshot import (
 from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier, VerifyDecision
 from avspec.config import EstimatorConfig
-from avspec.contract import base_tokens
+from avspec.contract import VerifierInputs, base_tokens
 from avspec.engine.draft_stage import DraftStage
 from avspec.engine.stage import ModelStage
 from avspec.engine.target_stage import TargetStage
@@ -256,16 +256,18 @@ class VerifierAdapter:
         num_drafted = on_device("num_drafted", torch.int32)
         refits = self.estimator.num_refits
         decision = self.verifier.step(
-            seq_ids=tensors["seq_ids"].cpu().long(),
-            features=on_device("draft_features", torch.float32),
-            num_draft_tokens=on_device("num_draft_tokens", torch.int32),
-            adaptive=on_device("adaptive", torch.bool),
-            prev_num_accepted=prev_num_accepted,
-            release_seq_ids=tensors["release_seq_ids"].cpu().long(),
-            base_tokens=base_tokens(tensors["input_lengths"].cpu(), tensors["reusable"].cpu()),
-            num_drafted=num_drafted,
-            adaptive_drafting=on_device("adaptive_drafting", torch.bool),
-            prev_timing_ms=tensors["prev_timing_ms"].cpu().float(),
+            VerifierInputs(
+                seq_ids=tensors["seq_ids"].cpu().long(),
+                features=on_device("draft_features", torch.float32),
+                num_draft_tokens=on_device("num_draft_tokens", torch.int32),
+                adaptive=on_device("adaptive", torch.bool),
+                prev_num_accepted=prev_num_accepted,
+                release_seq_ids=tensors["release_seq_ids"].cpu().long(),
+                base_tokens=base_tokens(tensors["input_lengths"].cpu(), tensors["reusable"].cpu()),
+                num_drafted=num_drafted,
+                adaptive_drafting=on_device("adaptive_drafting", torch.bool),
+                prev_timing_ms=tensors["prev_timing_ms"].cpu().float(),
+            )
         )
         refitted = self.estimator.num_refits != refits
         if refitted:

@@ -34,6 +34,7 @@ from avspec.av.estimator import AcceptanceEstimator
 from avspec.av.step_cost import StepCost, rows_per_pass
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
+from avspec.contract import VerifierInputs
 
 
 @dataclass
@@ -139,15 +140,19 @@ def _replay_av(
         caps = torch.as_tensor(recorded.num_draft[rows], dtype=torch.int32)
         drafted = drafted_by_plan(features, caps, plan) if plan is not None else caps
         decision = verifier.step(
-            seq_ids=torch.as_tensor(ids, dtype=torch.int64),
-            features=features,
-            num_draft_tokens=caps,
-            adaptive=torch.ones(len(rows), dtype=torch.bool),
-            prev_num_accepted=prev_outcome,
-            release_seq_ids=torch.as_tensor(sorted(set(prev_ids) - set(ids)), dtype=torch.int64),
-            base_tokens=int(recorded.base_tokens[recorded.step[rows[0]]]),
-            num_drafted=drafted,
-            adaptive_drafting=torch.full((len(rows),), verifier.drafting),
+            VerifierInputs(
+                seq_ids=torch.as_tensor(ids, dtype=torch.int64),
+                features=features,
+                num_draft_tokens=caps,
+                adaptive=torch.ones(len(rows), dtype=torch.bool),
+                prev_num_accepted=prev_outcome,
+                release_seq_ids=torch.as_tensor(
+                    sorted(set(prev_ids) - set(ids)), dtype=torch.int64
+                ),
+                base_tokens=int(recorded.base_tokens[recorded.step[rows[0]]]),
+                num_drafted=drafted,
+                adaptive_drafting=torch.full((len(rows),), verifier.drafting),
+            )
         )
         plan = DraftPlan.from_tensor(decision.draft_plan, features.shape[1])
         v = decision.num_verify.numpy().astype(np.int64)

@@ -2,6 +2,7 @@
 adaptive drafting inputs (num_drafted, stale extrapolation), bad input."""
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from avspec.av.estimator import AcceptanceEstimator
 from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
+from avspec.contract import VerifierInputs
 
 K = 3
 # A zero draft-pass table: with no row drafting adaptively the budget is the verify-only one.
@@ -47,7 +49,7 @@ def _args(
         args["num_drafted"] = torch.tensor(drafted, dtype=torch.int64)
     if drafting is not None:
         args["adaptive_drafting"] = torch.tensor(drafting, dtype=torch.bool)
-    return args
+    return VerifierInputs(**args)
 
 
 def _plan(stale, ndt, base, adaptive=None, drafting=None, cost=COST) -> StepPlan:
@@ -75,7 +77,7 @@ def _sigmoid(x):
 def test_first_step_scores_new_sequences_as_confident():
     verifier = _verifier(verify_cost=CostTable([0], [1.0]))  # free verification
     features = [[4.0, 0.0, -4.0], [2.0, 2.0, 2.0]]
-    decision = verifier.step(**_args([7, 8], features, ndt=[3, 2]))
+    decision = verifier.step(_args([7, 8], features, ndt=[3, 2]))
     conf = torch.sigmoid(0.5 * torch.tensor(features) - 0.2)
     torch.testing.assert_close(decision.confidences[0], conf[0])
     torch.testing.assert_close(decision.confidences[1, :2], conf[1, :2])
@@ -88,9 +90,9 @@ def test_first_step_scores_new_sequences_as_confident():
 
 def test_budget_comes_from_previous_step_survival():
     verifier = _verifier()
-    first = verifier.step(**_args([1, 2], [[3.0, 1.0, -2.0], [0.0, -1.0, -3.0]]))
+    first = verifier.step(_args([1, 2], [[3.0, 1.0, -2.0], [0.0, -1.0, -3.0]]))
     # Step 2: very confident features now; the budget must still use step 1's values.
-    second = verifier.step(**_args([2, 1], [[9.0] * 3, [9.0] * 3], prev=[1, 0]))
+    second = verifier.step(_args([2, 1], [[9.0] * 3, [9.0] * 3], prev=[1, 0]))
     stale = torch.stack([first.survival[1], first.survival[0]])  # rows follow the new order
     want = _budget(stale, [3, 3], 2)
     assert int(second.budget) == want
@@ -101,8 +103,8 @@ def test_budget_comes_from_previous_step_survival():
 
 def test_new_sequence_among_old_ones_scores_one():
     verifier = _verifier()
-    first = verifier.step(**_args([1], [[-3.0, -3.0, -3.0]]))
-    second = verifier.step(**_args([1, 5], [[0.0] * 3, [0.0] * 3], prev=[0]))
+    first = verifier.step(_args([1], [[-3.0, -3.0, -3.0]]))
+    second = verifier.step(_args([1, 5], [[0.0] * 3, [0.0] * 3], prev=[0]))
     stale = torch.stack([first.survival[0], torch.ones(3)])
     assert int(second.budget) == _budget(stale, [3, 3], 2)
     assert int(second.budget) != _budget(torch.stack([first.survival[0]] * 2), [3, 3], 2)
@@ -111,7 +113,7 @@ def test_new_sequence_among_old_ones_scores_one():
 def test_non_adaptive_requests_verify_everything_and_raise_base_tokens():
     verifier = _verifier()
     decision = verifier.step(
-        **_args([1, 2, 3], [[-5.0] * 3] * 3, ndt=[3, 2, 3], adaptive=[False, True, False], base=3)
+        _args([1, 2, 3], [[-5.0] * 3] * 3, ndt=[3, 2, 3], adaptive=[False, True, False], base=3)
     )
     assert decision.num_verify[0] == 3 and decision.num_verify[2] == 3
     # New sequences: stale 1.0 everywhere; only row 1's two drafts compete, T = 3 + 6.
@@ -123,10 +125,10 @@ def test_non_adaptive_requests_verify_everything_and_raise_base_tokens():
 
 def test_trimming_keeps_best_prefixes_when_budget_binds():
     verifier = _verifier(verify_cost=CostTable([2, 10], [1.0, 1.8]))
-    verifier.step(**_args([1, 2], [[0.0] * 3] * 2))
+    verifier.step(_args([1, 2], [[0.0] * 3] * 2))
     # stale survival 0.45, 0.2, 0.09 per row; ratios 2, 2.23, 2.42, 2.39, ...: budget 2.
     # Current row 0 is the confident one, so it takes the whole budget.
-    decision = verifier.step(**_args([1, 2], [[8.0, 8.0, 8.0], [-8.0, -8.0, -8.0]], prev=[0, 0]))
+    decision = verifier.step(_args([1, 2], [[8.0, 8.0, 8.0], [-8.0, -8.0, -8.0]], prev=[0, 0]))
     budget = int(decision.budget)
     assert budget == 2
     assert decision.num_verify.tolist() == [min(budget, 3), max(budget - 3, 0)]
@@ -135,9 +137,9 @@ def test_trimming_keeps_best_prefixes_when_budget_binds():
 def test_counts_decode_steps_and_refits_on_schedule():
     verifier = _verifier(refit_interval=2)
     estimator = verifier.estimator
-    verifier.step(**_args([1, 2], [[1.0, 0.5, 0.0], [2.0, 1.0, 0.0]]))
+    verifier.step(_args([1, 2], [[1.0, 0.5, 0.0], [2.0, 1.0, 0.0]]))
     assert estimator.num_steps == 1 and estimator.num_refits == 0
-    verifier.step(**_args([1, 2], [[1.0] * 3] * 2, prev=[1, 3]))
+    verifier.step(_args([1, 2], [[1.0] * 3] * 2, prev=[1, 3]))
     assert estimator.num_steps == 2 and estimator.num_refits == 1
     assert verifier.num_observed == 1 and verifier.num_steps == 2
     # the labels were observed before the refit, which then cleared the window
@@ -146,23 +148,23 @@ def test_counts_decode_steps_and_refits_on_schedule():
 
 def test_stored_rows_follow_a_change_of_draft_length():
     verifier = _verifier()
-    two = dict(_args([1], [[0.0] * 3]))
-    two["features"] = torch.zeros(1, 2)
-    two["num_draft_tokens"] = torch.tensor([2])
-    first = verifier.step(**two)
-    second = verifier.step(**_args([1], [[0.0] * 3], prev=[0]))
+    two = replace(
+        _args([1], [[0.0] * 3]), features=torch.zeros(1, 2), num_draft_tokens=torch.tensor([2])
+    )
+    first = verifier.step(two)
+    second = verifier.step(_args([1], [[0.0] * 3], prev=[0]))
     last = first.survival[0, 1]
     stale = torch.stack([first.survival[0, 0], last, last])  # last value carried forward
     assert int(second.budget) == _budget(stale[None], [3], 1)
-    back = verifier.step(**(two | {"prev_num_accepted": torch.tensor([0])}))
+    back = verifier.step(replace(two, prev_num_accepted=torch.tensor([0])))
     assert int(back.budget) == _budget(second.survival[:, :2], [2], 1)
 
 
 def test_observe_accumulates_labels():
     verifier = _verifier()
-    first = verifier.step(**_args([1], [[1.0, 0.5, 0.0]]))
+    first = verifier.step(_args([1], [[1.0, 0.5, 0.0]]))
     assert first.num_verify.tolist() == [3]
-    verifier.step(**_args([1], [[1.0] * 3], prev=[1]))
+    verifier.step(_args([1], [[1.0] * 3], prev=[1]))
     # accepted 1 of 3: positions 0 (accept) and 1 (first rejection) are labelled
     assert verifier.estimator.stats.n.tolist() == [1.0, 1.0, 0.0]
 
@@ -174,10 +176,10 @@ def test_rows_marked_minus_one_are_not_labelled(check_values):
     features = [[1.0, 0.5, 0.0], [2.0, -1.0, 0.3], [-0.5, 0.2, 1.5]]
     with_row, without = _verifier(verify_cost=free), _verifier(verify_cost=free)
     with_row.check_values = without.check_values = check_values
-    with_row.step(**_args([1, 2, 3], features))
-    without.step(**_args([1, 3], [features[0], features[2]]))
-    with_row.step(**_args([1, 2, 3], [[0.0] * 3] * 3, prev=[1, -1, 3]))
-    without.step(**_args([1, 3], [[0.0] * 3] * 2, prev=[1, 3]))
+    with_row.step(_args([1, 2, 3], features))
+    without.step(_args([1, 3], [features[0], features[2]]))
+    with_row.step(_args([1, 2, 3], [[0.0] * 3] * 3, prev=[1, -1, 3]))
+    without.step(_args([1, 3], [[0.0] * 3] * 2, prev=[1, 3]))
     assert with_row.num_observed == without.num_observed == 1
     for key, value in without.estimator.stats.state_dict().items():
         torch.testing.assert_close(with_row.estimator.stats.state_dict()[key], value)
@@ -186,24 +188,23 @@ def test_rows_marked_minus_one_are_not_labelled(check_values):
 
 def test_length_mismatch_drops_the_record():
     verifier = _verifier()
-    verifier.step(**_args([1, 2], [[1.0] * 3] * 2))
-    verifier.step(**_args([1], [[1.0] * 3], prev=[1]))
+    verifier.step(_args([1, 2], [[1.0] * 3] * 2))
+    verifier.step(_args([1], [[1.0] * 3], prev=[1]))
     assert verifier.num_dropped_records == 1 and verifier.num_observed == 0
     assert verifier.estimator.stats.n.sum() == 0
 
 
 def test_released_sequence_counts_as_new():
     verifier = _verifier()
-    verifier.step(**_args([1], [[-6.0] * 3]))
-    again = verifier.step(**_args([1], [[0.0] * 3], prev=[0], release=[1]))
+    verifier.step(_args([1], [[-6.0] * 3]))
+    again = verifier.step(_args([1], [[0.0] * 3], prev=[0], release=[1]))
     assert int(again.budget) == _budget(torch.ones(1, 3), [3], 1)
 
 
 def test_empty_batch_releases_and_labels():
     verifier = _verifier()
-    verifier.step(**_args([1], [[1.0] * 3]))
-    empty = dict(_args([], torch.zeros(0, K), prev=[2], release=[1]))
-    decision = verifier.step(**empty)
+    verifier.step(_args([1], [[1.0] * 3]))
+    decision = verifier.step(_args([], torch.zeros(0, K), prev=[2], release=[1]))
     assert decision.num_verify.shape == (0,) and decision.confidences.shape == (0, K)
     assert verifier.num_observed == 1 and verifier.estimator.num_steps == 1
     assert 1 not in verifier._stale
@@ -211,7 +212,7 @@ def test_empty_batch_releases_and_labels():
 
 def test_padding_features_may_be_nan():
     verifier = _verifier()
-    decision = verifier.step(**_args([1], [[1.0, float("nan"), float("inf")]], ndt=[1]))
+    decision = verifier.step(_args([1], [[1.0, float("nan"), float("inf")]], ndt=[1]))
     assert decision.num_verify.tolist() == [1]
     assert torch.isfinite(decision.survival).all()
 
@@ -280,11 +281,11 @@ BAD_CASES = [
 @pytest.mark.parametrize(("change", "match"), BAD_CASES)
 def test_bad_input_raises_and_changes_nothing(change, match):
     verifier = _verifier()
-    verifier.step(**_args([1, 2], [[1.0] * 3] * 2))
+    verifier.step(_args([1, 2], [[1.0] * 3] * 2))
     before = _state(verifier)
-    args = _args([1, 2], [[0.5] * 3] * 2, prev=[1, 1]) | change
+    args = replace(_args([1, 2], [[0.5] * 3] * 2, prev=[1, 1]), **change)
     with pytest.raises(ValueError, match=match):
-        verifier.step(**args)
+        verifier.step(args)
     after = _state(verifier)
     assert after[1] is before[1] and after[2].keys() == before[2].keys()
     assert after[3:] == before[3:]
@@ -305,7 +306,7 @@ def test_draft_plan_is_threshold_depth_slope_intercepts_of_this_steps_rows():
     verifier.estimator.slope.fill_(0.8)
     verifier.estimator.intercepts.copy_(torch.tensor([0.5, 0.1, -0.3, -0.6]))
     features = [[3.0, 2.0, 1.5], [0.5, -1.0, 9.0]]  # row 1's position 2 is past its cap
-    decision = verifier.step(**_args([1, 2], features, ndt=[3, 2], drafting=[True, False]))
+    decision = verifier.step(_args([1, 2], features, ndt=[3, 2], drafting=[True, False]))
     plan = decision.draft_plan
     assert plan.shape == (3 + K,) and plan.dtype == torch.float32
     conf = torch.sigmoid(0.8 * torch.tensor(features) + torch.tensor([0.5, 0.1, -0.3]))
@@ -326,8 +327,8 @@ def test_draft_plan_follows_a_refit():
     """The plan carries the coefficients after this step's refit, the ones the next step's
     draft must use (they are the estimator's at the end of the step)."""
     verifier = _verifier(refit_interval=2)
-    verifier.step(**_args([1, 2], [[1.0, 0.5, 0.0], [2.0, 1.0, 0.0]]))
-    decision = verifier.step(**_args([1, 2], [[1.0] * 3] * 2, prev=[1, 3]))
+    verifier.step(_args([1, 2], [[1.0, 0.5, 0.0], [2.0, 1.0, 0.0]]))
+    decision = verifier.step(_args([1, 2], [[1.0] * 3] * 2, prev=[1, 3]))
     assert verifier.estimator.num_refits == 1
     assert decision.draft_plan[2] == verifier.estimator.slope
     assert torch.equal(decision.draft_plan[3:], verifier.estimator.intercepts[:K])
@@ -336,9 +337,9 @@ def test_draft_plan_follows_a_refit():
 def test_no_plan_when_drafting_is_off():
     on, off = _verifier(), _verifier(drafting=False)
     for verifier in (on, off):
-        verifier.step(**_args([1, 2], [[1.0, 0.0, -1.0]] * 2, drafting=[True, True]))
+        verifier.step(_args([1, 2], [[1.0, 0.0, -1.0]] * 2, drafting=[True, True]))
     args = _args([1, 2], [[0.5] * 3] * 2, prev=[1, 1], drafting=[True, True])
-    with_plan, without = on.step(**args), off.step(**args)
+    with_plan, without = on.step(args), off.step(args)
     assert with_plan.draft_plan.shape == (3 + K,)
     assert without.draft_plan.shape == (0,)
     assert torch.equal(with_plan.num_verify, without.num_verify)
@@ -353,16 +354,16 @@ def test_candidates_are_the_drafted_positions():
     nan, inf = float("nan"), float("inf")
     drafted = dict(ndt=[3, 3], drafted=[1, 2], drafting=[True, True])
     verifier = _verifier(verify_cost=free)
-    decision = verifier.step(**_args([1, 2], [[1.0, nan, inf], [0.5, -0.5, nan]], **drafted))
+    decision = verifier.step(_args([1, 2], [[1.0, nan, inf], [0.5, -0.5, nan]], **drafted))
     clean = _verifier(verify_cost=free).step(
-        **_args([1, 2], [[1.0, 0.0, 0.0], [0.5, -0.5, 0.0]], **drafted)
+        _args([1, 2], [[1.0, 0.0, 0.0], [0.5, -0.5, 0.0]], **drafted)
     )
     assert decision.num_verify.tolist() == [1, 2]
     assert (int(decision.drafted), int(decision.verified), int(decision.trimmed)) == (3, 3, 0)
     torch.testing.assert_close(decision.survival, clean.survival)
     assert decision.survival[0, 1:].tolist() == [0.0, 0.0] and decision.survival[1, 2] == 0
     assert torch.equal(decision.draft_plan, clean.draft_plan)
-    verifier.step(**_args([1, 2], [[0.0] * 3] * 2, prev=[0, 1]))
+    verifier.step(_args([1, 2], [[0.0] * 3] * 2, prev=[0, 1]))
     # row 1: position 0 rejected; row 2: position 0 accepted, position 1 rejected
     assert verifier.estimator.stats.n.tolist() == [2.0, 1.0, 0.0]
     assert torch.isfinite(verifier.estimator.stats.sums).all()
@@ -371,8 +372,8 @@ def test_candidates_are_the_drafted_positions():
 def test_num_drafted_defaults_to_the_caps():
     verifier, explicit = _verifier(), _verifier()
     features = [[1.0, 0.0, -1.0], [0.5, 0.5, 0.5]]
-    a = verifier.step(**_args([1, 2], features, ndt=[3, 2]))
-    b = explicit.step(**_args([1, 2], features, ndt=[3, 2], drafted=[3, 2], drafting=[False] * 2))
+    a = verifier.step(_args([1, 2], features, ndt=[3, 2]))
+    b = explicit.step(_args([1, 2], features, ndt=[3, 2], drafted=[3, 2], drafting=[False] * 2))
     for name in ("num_verify", "survival", "budget", "draft_plan", "stopped_early"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert int(a.stopped_early) == 0 and float(a.draft_ms_saved) == 0.0
@@ -381,7 +382,7 @@ def test_num_drafted_defaults_to_the_caps():
 def test_num_drafted_above_the_cap_is_rejected():
     verifier = _verifier()
     with pytest.raises(ValueError, match="num_drafted must lie in 0..num_draft_tokens"):
-        verifier.step(**_args([1], [[0.0] * 3], ndt=[2], drafted=[3]))
+        verifier.step(_args([1], [[0.0] * 3], ndt=[2], drafted=[3]))
     assert verifier.num_steps == 0 and verifier._pending is None
 
 
@@ -391,19 +392,19 @@ def test_stopped_early_draft_passes_and_draft_ms_saved():
     cost = StepCost.linear(0.5, 0.25, 1.0, 0.1, 8, 64)
     verifier = _verifier(cost=cost)
     common = dict(ndt=[3, 3, 2], drafting=[True] * 3)
-    d = verifier.step(**_args([1, 2, 3], [[0.0] * 3] * 3, drafted=[1, 3, 2], **common))
+    d = verifier.step(_args([1, 2, 3], [[0.0] * 3] * 3, drafted=[1, 3, 2], **common))
     assert d.stopped_early.dtype == torch.int64 and d.draft_passes.dtype == torch.int64
     assert d.draft_ms_saved.dtype == torch.float64 and d.draft_ms_saved.shape == ()
     assert (int(d.stopped_early), int(d.draft_passes)) == (2, 3)
     assert int(d.drafted) == 6
     assert float(d.draft_ms_saved) == pytest.approx((1.25 - 1.0) + (1.0 - 0.75))
     # Every row stopped after its first draft: passes 1 and 2 did not run at all.
-    d = verifier.step(**_args([1, 2, 3], [[0.0] * 3] * 3, drafted=[1, 1, 1], prev=[0] * 3,
+    d = verifier.step(_args([1, 2, 3], [[0.0] * 3] * 3, drafted=[1, 1, 1], prev=[0] * 3,
                               **common))  # fmt: skip
     assert (int(d.stopped_early), int(d.draft_passes)) == (5, 1)
     assert float(d.draft_ms_saved) == pytest.approx(1.25 + 1.0)
     # Nothing stopped early.
-    d = verifier.step(**_args([1, 2, 3], [[0.0] * 3] * 3, prev=[0] * 3, **common))
+    d = verifier.step(_args([1, 2, 3], [[0.0] * 3] * 3, prev=[0] * 3, **common))
     assert (int(d.stopped_early), int(d.draft_passes), float(d.draft_ms_saved)) == (0, 3, 0.0)
 
 
@@ -415,7 +416,7 @@ def test_stale_rows_are_extrapolated_past_the_last_drafted_position():
     verifier = _verifier(verify_cost=verify, num_positions=k)
     nan = float("nan")
     first = verifier.step(
-        **_args([1], [[2.0, 0.0, nan, nan]], ndt=[k], drafted=[2], drafting=[True], k=k)
+        _args([1], [[2.0, 0.0, nan, nan]], ndt=[k], drafted=[2], drafting=[True], k=k)
     )
     c = torch.sigmoid(0.5 * torch.tensor([2.0, 0.0]) - 0.2)
     s1, s2 = c[0], c[0] * c[1]
@@ -426,7 +427,7 @@ def test_stale_rows_are_extrapolated_past_the_last_drafted_position():
     torch.testing.assert_close(first.draft_plan[0], plan.threshold.float())
     assert first.draft_plan[1] == float(plan.depth)
 
-    second = verifier.step(**_args([1], [[0.0] * k], ndt=[k], prev=[0], k=k))
+    second = verifier.step(_args([1], [[0.0] * k], ndt=[k], prev=[0], k=k))
     want = _budget(extrapolated, [k], 1, cost=cost)
     assert int(second.budget) == want == 3
     carried = torch.stack([s1, s2, s2, s2])[None]
@@ -437,8 +438,8 @@ def test_stale_rows_are_extrapolated_past_the_last_drafted_position():
 
 def test_a_row_that_drafted_nothing_scores_one_next_step():
     verifier = _verifier()
-    verifier.step(**_args([1, 2], [[-3.0] * 3] * 2, ndt=[0, 3], drafting=[True, True]))
-    second = verifier.step(**_args([1, 2], [[0.0] * 3] * 2, prev=[0, 0]))
+    verifier.step(_args([1, 2], [[-3.0] * 3] * 2, ndt=[0, 3], drafting=[True, True]))
+    second = verifier.step(_args([1, 2], [[0.0] * 3] * 2, prev=[0, 0]))
     c = torch.sigmoid(torch.tensor(0.5 * -3.0 - 0.2))
     row2 = torch.stack([c, c * c, c * c * c])
     assert int(second.budget) == _budget(torch.stack([torch.ones(3), row2]), [3, 3], 2)

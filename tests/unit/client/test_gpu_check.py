@@ -68,9 +68,9 @@ def verifier_steps_keeping_the_verifier(monkeypatch: pytest.MonkeyPatch, **kwarg
         verifier = original(*args)
         step = verifier.step
 
-        def recording_step(*step_args, **step_kwargs):
-            decision = step(*step_args, **step_kwargs)
-            decisions.append((decision, step_kwargs.get("num_drafted")))
+        def recording_step(inputs):
+            decision = step(inputs)
+            decisions.append((decision, inputs.num_drafted))
             return decision
 
         verifier.step = recording_step

@@ -138,12 +138,12 @@ def test_carry_after_a_step_joins_the_stage_times_and_the_wall_time() -> None:
     )  # fmt: skip
     accepted = torch.tensor([0], dtype=torch.int32)
     carry = Carry.after(outputs, accepted, wall_ms=12.0)
-    assert carry.timing_ms.tolist() == [2.0, 1.0, 5.0, 12.0]
+    assert carry.prev_timing_ms.tolist() == [2.0, 1.0, 5.0, 12.0]
     assert carry.draft_plan.tolist() == pytest.approx([0.3, 1.0, 0.5, 0.0, 0.0])
-    assert carry.accepted is accepted
+    assert carry.prev_num_accepted is accepted
     # A step function that reports no stage times carries no timing.
     bare = StepOutputs(outputs.output_ids, outputs.num_accepted, outputs.num_verify)
-    assert Carry.after(bare, accepted, 1.0).timing_ms.numel() == 0
+    assert Carry.after(bare, accepted, 1.0).prev_timing_ms.numel() == 0
 
 
 def test_build_inputs_for_a_release_only_step() -> None:

@@ -22,7 +22,7 @@ import torch
 from helpers.stages import perturbed, tiny_model
 
 from avspec.av.step_cost import StepCost
-from avspec.contract import StepInputs, StepOutputs
+from avspec.contract import StepInputs, StepOutputs, VerifierInputs
 from avspec.engine.draft_stage import DraftOutput
 from avspec.engine.sampling import warp_probs
 from avspec.engine.scheduler import Scheduler
@@ -132,10 +132,16 @@ class _WrongQ(_Counted):
         step = self.step
         drafted = step.draft(inputs)
         decision = step.verifier.step(
-            inputs.seq_ids, drafted.draft_features, inputs.num_draft_tokens, inputs.adaptive,
-            inputs.prev_num_accepted, inputs.release_seq_ids,
-            int((inputs.input_lengths - inputs.reusable).sum()),
-        )  # fmt: skip
+            VerifierInputs(
+                inputs.seq_ids,
+                drafted.draft_features,
+                inputs.num_draft_tokens,
+                inputs.adaptive,
+                inputs.prev_num_accepted,
+                inputs.release_seq_ids,
+                int((inputs.input_lengths - inputs.reusable).sum()),
+            )  # fmt: skip
+        )
         q = drafted.draft_probs
         wrong = 0.5 * q + 0.5 / q.shape[-1]
         return step.target(inputs, drafted.draft_tokens, wrong, decision.num_verify)
