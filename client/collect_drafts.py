@@ -35,10 +35,11 @@ from avspec.av.estimator import AcceptanceEstimator
 from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
-from avspec.contract import StepInputs, StepOutputs, VerifierInputs, base_tokens
+from avspec.contract import StepInputs, base_tokens
 from avspec.engine.draft_stage import DraftOutput, DraftStage
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
+from avspec.engine.step import SpeculativeStep
 from avspec.engine.target_stage import TargetStage
 from avspec.runtime.model_dir import load_model, load_tokenizer
 from avspec.tools.features_zoo import ZOO_FEATURES, feature_zoo
@@ -66,43 +67,19 @@ class RecordingDraftStage(DraftStage):
         return features
 
 
-class RecordingStep:
+class RecordingStep(SpeculativeStep):
     """The in-process step (draft -> verifier -> target) that appends one row per request."""
 
     def __init__(self, draft: RecordingDraftStage, verifier: AdaptiveVerifier, target: TargetStage):
-        self.draft, self.verifier, self.target = draft, verifier, target
-        self.max_draft_tokens = draft.max_draft_tokens
+        super().__init__(draft, verifier, target, on_step=self._record)
         self.rows: dict[str, list[np.ndarray]] = {}
         self.base_tokens: list[int] = []
 
-    def __call__(self, inputs: StepInputs) -> StepOutputs:
-        drafted = self.draft(inputs)
-        pending = base_tokens(inputs.input_lengths, inputs.reusable)
-        drafting = inputs.adaptive_drafting
-        if drafting.numel() == 0:
-            drafting = torch.zeros_like(inputs.adaptive)
-        decision = self.verifier.step(
-            VerifierInputs(
-                seq_ids=inputs.seq_ids,
-                features=drafted.draft_features,
-                num_draft_tokens=inputs.num_draft_tokens,
-                adaptive=inputs.adaptive,
-                prev_num_accepted=inputs.prev_num_accepted,
-                release_seq_ids=inputs.release_seq_ids,
-                base_tokens=pending,
-                num_drafted=drafted.num_drafted,
-                adaptive_drafting=drafting,
-                prev_timing_ms=inputs.prev_timing_ms,
-            )
-        )
-        refits = self.verifier.estimator.num_refits  # refits behind this step's predictions
-        out = self.target(inputs, drafted.draft_tokens, drafted.draft_probs, decision.num_verify)
-        out.next_draft_plan = decision.draft_plan
-        out.draft_ms = drafted.pass_ms
-        out.num_drafted = drafted.num_drafted
+    def _record(self, inputs, drafted, decision, out) -> None:  # noqa: ANN001
         if inputs.batch_size:
+            pending = base_tokens(inputs.input_lengths, inputs.reusable)
+            refits = self.verifier.estimator.num_refits  # refits behind this step's predictions
             self._append(inputs, drafted, decision.confidences, out, pending, refits)
-        return out
 
     def _append(self, inputs, drafted, confidences, out, base_tokens, refits) -> None:  # noqa: ANN001
         step = len(self.base_tokens)

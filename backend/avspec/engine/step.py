@@ -6,25 +6,37 @@ ensemble of the draft, verifier and target models, so the scheduler drives eithe
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from avspec.av.estimator import AcceptanceEstimator
 from avspec.av.step_cost import StepCost
-from avspec.av.verifier import AdaptiveVerifier
+from avspec.av.verifier import AdaptiveVerifier, VerifyDecision
 from avspec.config import EstimatorConfig
 from avspec.contract import StepInputs, StepOutputs, VerifierInputs, base_tokens
-from avspec.engine.draft_stage import DraftStage
+from avspec.engine.draft_stage import DraftOutput, DraftStage
 from avspec.engine.target_stage import TargetStage
 from avspec.runtime.model_dir import load_model
 from avspec.runtime.transformer import Transformer
+
+# (inputs, what the draft produced, the verifier's decision, the target's outputs)
+StepObserver = Callable[[StepInputs, DraftOutput, VerifyDecision, StepOutputs], None]
 
 
 class SpeculativeStep:
     """One in-process speculative decode step: draft -> adaptive verifier -> target."""
 
-    def __init__(self, draft: DraftStage, verifier: AdaptiveVerifier, target: TargetStage) -> None:
+    def __init__(
+        self,
+        draft: DraftStage,
+        verifier: AdaptiveVerifier,
+        target: TargetStage,
+        on_step: StepObserver | None = None,
+    ) -> None:
+        """`on_step(inputs, drafted, decision, outputs)` runs after every step (measurement
+        tools record rows with it; the served path passes none)."""
         if draft.max_draft_tokens != target.max_draft_tokens:
             raise ValueError(
                 f"draft drafts {draft.max_draft_tokens} tokens, target verifies "
@@ -33,6 +45,7 @@ class SpeculativeStep:
         self.draft = draft
         self.verifier = verifier
         self.target = target
+        self.on_step = on_step
 
     @property
     def max_draft_tokens(self) -> int:
@@ -66,6 +79,8 @@ class SpeculativeStep:
         outputs.next_draft_plan = decision.draft_plan
         outputs.draft_ms = drafted.pass_ms
         outputs.num_drafted = drafted.num_drafted
+        if self.on_step is not None:
+            self.on_step(inputs, drafted, decision, outputs)
         return outputs
 
     @classmethod

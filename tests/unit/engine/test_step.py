@@ -162,6 +162,26 @@ def test_mismatched_stages_rejected(pair) -> None:
         SpeculativeStep(a.draft, a.verifier, b.target)
 
 
+def test_on_step_sees_every_step_with_its_decision(pair) -> None:
+    """The observer hook (measurement tools record rows with it) gets each step's inputs, the
+    draft's output, the verifier's decision and the outputs it returns, once per step."""
+    target, draft = pair
+    step = build(target, draft)
+    seen = []
+    step.on_step = lambda inputs, drafted, decision, outputs: seen.append(
+        (inputs.batch_size, drafted.num_drafted.tolist(), decision.num_verify.tolist(), outputs)
+    )
+    scheduler = Scheduler(step, EOS, 4, 96, K)
+    request = GenerationRequest(PROMPTS[0], 6, temperature=0.0, num_draft_tokens=K)
+    scheduler.submit(request, lambda report: None, print)
+    scheduler.run_until_idle()
+    assert len(seen) == scheduler.counters.steps
+    decode = [row for row in seen if row[0] == 1]  # the rest: the release-only last call
+    assert decode and len(seen) - len(decode) <= 1
+    for _, drafted, verified, _ in decode:
+        assert all(v <= d for v, d in zip(verified, drafted, strict=True))
+
+
 class _RecordingDraft:
     """Wraps a draft stage and keeps every drafted token that counts (within num_drafted)."""
 
