@@ -32,15 +32,21 @@ class FrontConfig:
     generate_schema: GenerateSchema = field(default_factory=lambda: DEFAULT_GENERATE_SCHEMA)
     max_body_bytes: int = 1 << 20
     ready: Callable[[], bool] | None = None  # extra readiness; False -> not ready
-    max_header_bytes: int = 16 << 10
+    # a request head (request line and fields): Triton 2.51 breaks on heads past about 8.1 KB,
+    # and the front adds its identity header and Host upstream
+    max_header_bytes: int = 7 << 10
     read_timeout_s: float = 30.0  # for a request's head and body, and each write to a client
     connect_timeout_s: float = 5.0  # for the upstream connection
     max_connections: int = 1024  # concurrent HTTP connections, and concurrent gRPC calls
     # HTTP connections, and gRPC streams, from one IP address at once (front.limits): one
     # attacker opens many from one address; 128 leaves a client its 64 running and 64 queued
     max_per_address: int = 128
-    # a gRPC stream that sent no request for this long and has none in progress is ended
-    stream_idle_timeout_s: float = 30.0
+    # a gRPC stream that has sent no request this long after it opened is ended (streams that
+    # never send anything are how idle streams locked everyone out)
+    stream_first_request_timeout_s: float = 30.0
+    # a stream that has been used is ended once it has had no request in progress this long:
+    # long enough for a client that keeps one stream between bursts (Envoy's default is 5 min)
+    stream_idle_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.admin_key is not None and not _HEADER_SAFE.fullmatch(self.admin_key):
@@ -50,8 +56,10 @@ class FrontConfig:
                 upstream_address(getattr(self, name))
         if self.max_body_bytes <= 0 or self.max_header_bytes <= 0 or self.max_connections <= 0:
             raise ValueError("max_body_bytes, max_header_bytes and max_connections must be > 0")
-        if self.max_per_address <= 0 or not self.stream_idle_timeout_s > 0:
-            raise ValueError("max_per_address and stream_idle_timeout_s must be > 0")
+        if self.max_per_address <= 0 or not (
+            self.stream_idle_timeout_s > 0 and self.stream_first_request_timeout_s > 0
+        ):
+            raise ValueError("max_per_address and the stream timeouts must be > 0")
 
 
 UNIX_PREFIX = "unix:"

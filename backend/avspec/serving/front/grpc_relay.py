@@ -19,8 +19,9 @@ them with UNAVAILABLE and its message, and cancels their upstream calls.
 Caps (front.limits), counted here rather than by gRPC's `maximum_concurrent_rpcs`, which also
 refused health calls once idle streams filled it: a stream takes a slot of its peer's IP address
 and of the total, any other call but health (ServerLive, ServerReady, ServerMetadata) one of the
-total; past a cap RESOURCE_EXHAUSTED. A stream with no request in progress for
-`stream_idle_timeout_s` is ended with UNAVAILABLE (_Activity).
+total; past a cap RESOURCE_EXHAUSTED. A stream that sends no request within
+`stream_first_request_timeout_s` of opening, or has had none in progress for
+`stream_idle_timeout_s` since its last answer, is ended with UNAVAILABLE (_Activity).
 """
 
 from __future__ import annotations
@@ -114,9 +115,11 @@ class _Activity:
 
     quiet_since: float
     pending: int = 0  # requests sent upstream whose last response has not reached the client
+    used: bool = False  # a request was sent on this stream
 
     def sent(self) -> None:
         self.pending += 1
+        self.used = True
 
     def answered(self, response: bytes, now: float) -> None:
         if self.pending and _completes_request(response):
@@ -124,21 +127,31 @@ class _Activity:
             if not self.pending:
                 self.quiet_since = now
 
-    def idle_at(self, timeout_s: float) -> float | None:
+    def limit_s(self, first_s: float, idle_s: float) -> float:
+        """The idle limit that applies: `first_s` until a request was sent, then `idle_s`."""
+        return idle_s if self.used else first_s
+
+    def idle_at(self, first_s: float, idle_s: float) -> float | None:
         """When the stream becomes idle (loop time); None while a request is in progress."""
-        return None if self.pending else self.quiet_since + timeout_s
+        return None if self.pending else self.quiet_since + self.limit_s(first_s, idle_s)
 
 
 async def _end_when_idle(
-    activity: _Activity, timeout_s: float, end: Callable[[grpc.StatusCode, str], None]
+    activity: _Activity,
+    first_s: float,
+    idle_s: float,
+    end: Callable[[grpc.StatusCode, str], None],
 ) -> None:
-    """End the stream with UNAVAILABLE once it has been idle for `timeout_s`."""
+    """End the stream with UNAVAILABLE once it has been idle past its limit (_Activity)."""
     loop = asyncio.get_running_loop()
-    while (idle_at := activity.idle_at(timeout_s)) is None or loop.time() < idle_at:
-        await asyncio.sleep(timeout_s / 2 if idle_at is None else idle_at - loop.time())
+    while (idle_at := activity.idle_at(first_s, idle_s)) is None or loop.time() < idle_at:
+        wait = min(first_s, idle_s) / 2 if idle_at is None else idle_at - loop.time()
+        await asyncio.sleep(wait)
+    limit = activity.limit_s(first_s, idle_s)
+    what = "no request in progress" if activity.used else "no request sent"
     message = (
-        f"stream closed by the server: no request in progress for {timeout_s:g} s (idle "
-        "limit); open a new stream when you have a request"
+        f"stream closed by the server: {what} for {limit:g} s (idle limit); open a new stream "
+        "when you have a request"
     )
     end(grpc.StatusCode.UNAVAILABLE, message)
 
@@ -369,7 +382,12 @@ class GrpcRelay(grpc.GenericRpcHandler):
             queue.put_nowait(_Refused(code, message))
 
         watch = asyncio.create_task(
-            _end_when_idle(activity, self.config.stream_idle_timeout_s, end)
+            _end_when_idle(
+                activity,
+                self.config.stream_first_request_timeout_s,
+                self.config.stream_idle_timeout_s,
+                end,
+            )
         )
         try:
             with self._inflight.track(partial(end, grpc.StatusCode.UNAVAILABLE)):

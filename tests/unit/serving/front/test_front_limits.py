@@ -5,27 +5,37 @@ Before: the front's gRPC server had `maximum_concurrent_rpcs=max_connections`, s
 included, got RESOURCE_EXHAUSTED for as long as they were held; over HTTP 1,024 idle connections
 from one address made every other client's health check a 503. Now each IP address holds at most
 `max_per_address` streams (HTTP: connections), the total is counted in the front's handlers,
-health calls take no slot, and a stream with no request in progress for
-`stream_idle_timeout_s` is ended. Small caps keep these tests fast; the "other address" is
+health calls take no slot, and a stream that sends nothing within
+`stream_first_request_timeout_s` is ended (one that was used gets the longer
+`stream_idle_timeout_s` after each answer). Small caps keep these tests fast; the "other address" is
 127.0.0.2, reached through a forwarder (helpers.front_fakes.SourceProxy).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 
 import grpc
 import pytest
-from helpers.front_fakes import SLOW_S, SourceProxy, front_config, infer_request
+from helpers.front_fakes import (
+    GOOD_BODY,
+    SLOW_S,
+    SourceProxy,
+    front_config,
+    infer_request,
+    read_reply,
+)
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from avspec.serving.front import Front
 from avspec.serving.front.limits import Full, Slots
 
 CAP = 4  # streams / connections per address
-IDLE_S = 1.5  # the stream idle timeout
+IDLE_S = 1.5  # the limit for a stream that has sent nothing
+USED_IDLE_S = 2 * IDLE_S  # the idle limit after an answer
 PROMPT_S = 5.0  # how soon a health or inference call must succeed while others hold streams
 OTHER = "127.0.0.2"
 
@@ -37,7 +47,8 @@ def capped(fake_http, fake_grpc):
         fake_grpc,
         max_per_address=CAP,
         max_connections=3 * CAP,
-        stream_idle_timeout_s=IDLE_S,
+        stream_first_request_timeout_s=IDLE_S,
+        stream_idle_timeout_s=USED_IDLE_S,
     )
     with Front(config) as running:
         yield running
@@ -112,7 +123,7 @@ def test_idle_streams_from_one_address_lock_no_one_out(capped, other_address, fa
                 assert await asyncio.wait_for(call.code(), 3 * IDLE_S) == (
                     grpc.StatusCode.UNAVAILABLE
                 )
-                assert "no request in progress" in await call.details()
+                assert "no request sent" in await call.details()
             assert time.monotonic() - opened < IDLE_S + 3.0
             await stream_once(hog, "again")  # the address has its slots back
 
@@ -121,7 +132,11 @@ def test_idle_streams_from_one_address_lock_no_one_out(capped, other_address, fa
 
 def test_total_cap_is_counted_in_the_handlers_and_spares_health(fake_http, fake_grpc):
     config = front_config(
-        fake_http, fake_grpc, max_per_address=CAP, max_connections=CAP + 2, stream_idle_timeout_s=30
+        fake_http,
+        fake_grpc,
+        max_per_address=CAP,
+        max_connections=CAP + 2,
+        stream_first_request_timeout_s=30,
     )
 
     async def scenario(front: Front, other_address: str) -> None:
@@ -161,9 +176,26 @@ def test_a_stream_waiting_on_a_long_generation_is_not_idle(capped, fake_grpc):
             response = await call.read()
             answered = time.monotonic() - started
             assert response.infer_response.id == "slow" and answered >= SLOW_S > 2 * IDLE_S
-            code = await asyncio.wait_for(call.code(), 3 * IDLE_S)  # then idle, then ended
+            code = await asyncio.wait_for(call.code(), 3 * USED_IDLE_S)  # idle, then ended
             assert code == grpc.StatusCode.UNAVAILABLE
-            assert time.monotonic() - started >= answered + IDLE_S
+            assert time.monotonic() - started >= answered + USED_IDLE_S
+
+    asyncio.run(scenario())
+
+
+def test_a_used_stream_may_rest_longer_than_a_fresh_one(capped, fake_grpc):
+    """A client that keeps one stream between bursts is not cut off at the fresh-stream limit
+    (the soak's loops alternate gRPC with HTTP requests and were, at 30 s for every stream)."""
+
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{capped.grpc_port}") as channel:
+            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+            await call.write(infer_request(request_id="first"))
+            assert (await call.read()).infer_response.id == "first"
+            await asyncio.sleep(1.3 * IDLE_S)  # past the fresh limit, within the used one
+            await call.write(infer_request(request_id="second"))
+            assert (await call.read()).infer_response.id == "second"
+            call.cancel()
 
     asyncio.run(scenario())
 
@@ -193,10 +225,7 @@ def http_get(port: int, path: str, source: str) -> bytes:
         ("127.0.0.1", port), timeout=PROMPT_S, source_address=(source, 0)
     ) as sock:
         sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        reply = b""
-        while data := sock.recv(65536):
-            reply += data
-    return reply
+        return read_reply(sock)
 
 
 def test_idle_http_connections_from_one_address_spare_another(fake_http, fake_grpc):
@@ -232,3 +261,41 @@ def test_slots_per_address_and_in_total():
             assert not err.value.per_address and "limit 3" in str(err.value)
         assert (len(slots), slots.held("a")) == (2, 2)
     assert (len(slots), slots.held("a")) == (0, 0)
+
+
+def test_1100_idle_connections_from_one_address_lock_no_one_else_out(fake_http, fake_grpc):
+    """Issue 22's goal, with the front's default caps: 1,100 idle connections from 127.0.0.1
+    (before: 1,024 of them filled the front and locked everyone out for 30 s); another
+    address's health checks and a generate call are answered within PROMPT_S."""
+    config = front_config(fake_http, fake_grpc)
+    per_address = config.max_per_address
+    with Front(config) as front:
+        idle = [socket.create_connection(("127.0.0.1", front.http_port)) for _ in range(1100)]
+        try:
+            refused = 0
+            for sock in idle[per_address:]:
+                sock.settimeout(PROMPT_S)
+                reply = sock.recv(65536)
+                assert reply.startswith(b"HTTP/1.1 429 ") and b"per address" in reply
+                refused += 1
+            idle[0].settimeout(0.5)
+            with pytest.raises(TimeoutError):  # the first ones hold their slot, unanswered
+                idle[0].recv(1)
+            started = time.monotonic()
+            for path in ("/v2/health/live", "/v2/health/ready"):
+                assert http_get(front.http_port, path, OTHER).startswith(b"HTTP/1.1 200 ")
+            body = json.dumps(GOOD_BODY).encode()
+            with socket.create_connection(
+                ("127.0.0.1", front.http_port), timeout=PROMPT_S, source_address=(OTHER, 0)
+            ) as sock:
+                sock.sendall(
+                    b"POST /v2/models/speculative/generate HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                assert read_reply(sock).startswith(b"HTTP/1.1 200 ")
+            took = time.monotonic() - started
+        finally:
+            for sock in idle:
+                sock.close()
+    print(f"refused {refused} of 1100 at once; another address served in {took:.3f} s")
+    assert refused == 1100 - per_address and took < PROMPT_S
