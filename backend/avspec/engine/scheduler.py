@@ -50,7 +50,7 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from avspec.contract import StepInputs, StepOutputs
@@ -525,33 +525,3 @@ def _refit_rows(batch: list[SequenceState], outcomes: dict[int, Outcome]) -> lis
         )
         for seq in batch
     ]
-
-
-def generate(
-    runner: Scheduler | StepFn,
-    requests: Sequence[GenerationRequest],
-    *,
-    eos_ids: Collection[int] | int = 256,
-    max_batch_size: int | None = None,
-    max_context: int = 512,
-    max_draft_tokens: int | None = None,
-) -> list[list[int]]:
-    """Run `requests` to completion and return each one's tokens (tests and benchmarks).
-
-    `runner` is a Scheduler or a step function (then `max_draft_tokens` defaults to its
-    `max_draft_tokens` attribute). Raises RuntimeError if any request fails.
-    """
-    if isinstance(runner, Scheduler):
-        scheduler = runner
-    else:
-        k = max_draft_tokens if max_draft_tokens is not None else runner.max_draft_tokens
-        size = max_batch_size or max(1, len(requests))
-        scheduler = Scheduler(runner, eos_ids, size, max_context, k)
-    tokens: list[list[int]] = [[] for _ in requests]
-    errors: list[Exception] = []
-    for i, request in enumerate(requests):
-        scheduler.submit(request, lambda r, i=i: tokens[i].extend(r.new_tokens), errors.append)
-    scheduler.run_until_idle()
-    if errors:
-        raise RuntimeError(f"{len(errors)} request(s) failed; first: {errors[0]!r}") from errors[0]
-    return tokens

@@ -13,13 +13,14 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers.generation import generate
 from helpers.stages import perturbed, tiny_model
 
 import avspec.engine.scheduler
 from avspec.av.estimator import refit_excluded
 from avspec.contract import StepInputs, StepOutputs
 from avspec.engine.admission import Overloaded
-from avspec.engine.scheduler import MAX_TEMPERATURE, RequestTimedOut, Scheduler, generate
+from avspec.engine.scheduler import MAX_TEMPERATURE, RequestTimedOut, Scheduler
 from avspec.engine.sequence import GenerationRequest, StepReport
 from avspec.engine.step import SpeculativeStep
 

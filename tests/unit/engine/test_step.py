@@ -10,11 +10,12 @@ import copy
 
 import pytest
 import torch
+from helpers.generation import generate
 from helpers.hf_dirs import save_transformer_dir
 from helpers.stages import K, perturbed, tiny_model
 
 from avspec.av.step_cost import StepCost
-from avspec.engine.scheduler import Scheduler, generate
+from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
 from avspec.runtime.transformer import Transformer
