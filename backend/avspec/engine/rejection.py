@@ -20,9 +20,8 @@ Randomness: each request draws a FIXED amount from its own generator per call: K
 K for the accept tests and one for the one token drawn by `avspec.engine.sampling.inverse_cdf`
 (recovered or bonus, whichever position it lands at: that uniform is drawn before and
 independently of the accept decisions, so one draw per call is exact), so its output never
-depends on the other requests in the batch nor on their num_verify. (An earlier version drew a
-vocab-wide exponential race per position: on the CPU over a 4096-piece vocabulary that was most
-of the target's per-row cost.)
+depends on the other requests in the batch nor on their num_verify (what it costs:
+docs/benchmarks.md).
 """
 
 from __future__ import annotations

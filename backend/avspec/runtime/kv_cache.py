@@ -7,17 +7,12 @@ overwritten by the next append. Exceeding a limit raises `CacheLimitError`: the 
 truncates silently. Sizes are plain numbers (a model builds its cache with
 `Transformer.new_cache`, which checks them against its config).
 
-Memory is reserved up front and stays flat under load:
-- `torch.zeros` writes every page of `k` and `v`, so they are resident from construction on
-  (not committed lazily as slots fill up);
-- on the CPU, `read` gathers a batch's keys and values into two preallocated workspaces (one
-  layer's worth each) instead of fresh tensors. Those gathers are the largest per-step
-  temporaries and their size changes every step (batch x key_length); allocated anew, glibc's
-  malloc serves them from its heap once its dynamic mmap threshold has risen past them, and the
-  heap fragments: measured on the shipped pair under soak load, the stage processes' resident
-  memory grew by hundreds of MiB over minutes (the rest of that fix is the stub environment,
-  avspec.serving.triton_env.server_environment). The CUDA caching allocator needs no workspace.
-`nbytes` is what the cache reserves, logged at construction.
+Memory is reserved up front and stays flat under load: `torch.zeros` writes every page of `k`
+and `v`, so they are resident from construction on; on the CPU, `read` gathers a batch's keys and
+values into two preallocated workspaces (one layer's worth each) instead of fresh tensors, the
+largest per-step temporaries, whose size changes every step (why: docs/reliability.md, "Memory
+under load"). The CUDA caching allocator needs no workspace. `nbytes` is what the cache
+reserves, logged at construction.
 """
 
 from __future__ import annotations

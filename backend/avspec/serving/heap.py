@@ -1,17 +1,9 @@
 """Give freed heap memory back to the OS every few steps (glibc `malloc_trim`).
 
-Why: over a 10-minute soak (docs/reliability.md) the draft and target stubs' resident memory grew
-about 50% before it levelled off. The stages allocate tensors of a different shape every step
-(ragged batches), which leaves glibc's main arena fragmented: in an in-process reproduction of
-the draft stage the arena held 522 MiB of which 413 MiB were free, and one `malloc_trim(0)`
-brought its RSS from 743 to 334 MiB. The served stages combine this with a fixed 1 MiB mmap
-threshold, huge pages and a smaller oneDNN kernel cache (avspec.serving.triton_env
-`server_environment`) and a KV read workspace (avspec.runtime.kv_cache); a 128 KiB threshold
-alone also avoids the growth but costs the target about 13% in page faults. One
-`malloc_trim(0)` costs about 2 ms here, so trimming every 10 steps costs well under 1% of a
-draft step (about 45 ms) and of a target step (about 200 ms).
-
-Where the C library has no `malloc_trim` (not glibc), trimming is off.
+The stages allocate tensors of a different shape every step (ragged batches), which fragments
+glibc's heap; trimming every few steps keeps the stage processes' resident memory flat (why and
+what it costs: docs/reliability.md, "Memory under load"). Where the C library has no
+`malloc_trim` (not glibc), trimming is off.
 """
 
 from __future__ import annotations

@@ -93,24 +93,10 @@ def server_environment(
     leaves the library and module paths to the image: the wheel's would be wrong there.
 
     Memory settings, for both kinds too (values already in `base` win), so that the stage stubs'
-    resident size stays flat under load (a soak measured +55% draft, +52% target after warm-up
-    without them):
-    - glibc malloc: a fixed mmap threshold of 1 MiB (MALLOC_MMAP_THRESHOLD_) and transparent
-      huge pages for its mappings (GLIBC_TUNABLES glibc.malloc.hugetlb=1). A stage allocates tens
-      to hundreds of MiB of temporaries per step, their sizes changing every step (ragged
-      batches). By default glibc raises its threshold to the largest block freed so far (up to
-      32 MiB) and then serves them all from its heap, which fragments (in-process, 2,000 draft
-      steps left 413 of the heap's 522 MiB free, and resident). Fixed, the large ones (most of
-      the bytes) are mapped and unmapped per step; the smaller ones stay on the heap, whose free
-      pages the stages give back every few steps (malloc_trim_steps, avspec.serving.heap). With
-      the KV cache's read workspace (avspec.runtime.kv_cache), measured in-process on the
-      shipped pair: step CPU time as before (draft about 45 ms, target +1.5%), resident size
-      within 1-4% over 500 target / 2,000 draft steps. A 128 KiB threshold is flatter still but
-      costs the target about 13% (page faults); trimming alone (no threshold, default oneDNN
-      cache) left the draft +13%.
-    - ONEDNN_PRIMITIVE_CACHE_CAPACITY=64 (default 1024): torch's CPU gelu JIT-compiles a oneDNN
-      kernel per input shape (tokens x width) and caches it; with a new token count nearly
-      every step, the cache filled towards 1024 kernels, ~20 MiB in the draft after 2,000 steps.
+    resident size stays flat under load (what each one fixes and costs: docs/reliability.md,
+    "Memory under load"): a fixed glibc mmap threshold of 1 MiB (MALLOC_MMAP_THRESHOLD_),
+    transparent huge pages for its mappings (GLIBC_TUNABLES glibc.malloc.hugetlb=1), and a
+    oneDNN kernel cache of 64 entries (ONEDNN_PRIMITIVE_CACHE_CAPACITY).
     """
     env = dict(os.environ if base is None else base)
     if cpu_threads is not None:
