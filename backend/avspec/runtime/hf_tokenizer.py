@@ -220,6 +220,11 @@ class HFIncrementalDecoder:
     context, then the new ones) and emits the window's text past the context's text: the context
     keeps the space of the first new word, which decoding that word alone (Metaspace, `Strip`)
     would drop.
+
+    Not `tokenizers.decoders.DecodeStream` (0.22.2): on a Metaspace tokenizer with byte fallback
+    it raises "Invalid prefix encountered while decoding stream" for some id sequences, and
+    emits a character a later token changes (both caught by tests/unit/runtime/test_hf_tokenizer.py
+    when this class is swapped for it).
     """
 
     def __init__(self, tokenizer: HFTokenizer) -> None:
