@@ -1,259 +1,87 @@
-"""The launcher's pieces without a server: environment, command, repositories, stop."""
+"""The launcher's own logic without a server (avspec.serving.launcher): the restart loop and how
+the operator's key reaches the sandboxed launcher."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
 
 import pytest
-from helpers import ROOT
-from helpers.server import live_processes
 
 from avspec.serving import launcher
-from avspec.serving.served_models import model_config_file, python_models, repository_models
-from avspec.serving.server_process import ServerError, ServerProcess
-from avspec.serving.triton_env import (
-    BACKEND_SOURCE_DIR,
-    TritonInstall,
-    prepare_backend_directory,
-    server_environment,
-    tritonserver_binary,
-)
+from avspec.serving.exposure import ADMIN_KEY_ENV
+from avspec.serving.restart import RestartBudget
+from avspec.serving.server_process import ServerError
+
+KEY = "operator-key-0123456789"
 
 
-def test_backend_directory_holds_python_backend(tmp_path: Path) -> None:
-    python = prepare_backend_directory(tmp_path) / "python"
-    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
-        assert (python / name).is_file()
-    assert os.access(python / "triton_python_backend_stub", os.X_OK)
+class DyingProcess:
+    """A tritonserver that has exited with `code`."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def poll(self) -> int:
+        return self.code
 
 
-def test_server_environment() -> None:
-    env = server_environment({"PATH": "/usr/bin"}, cpu_threads=1)
-    assert env["OMP_NUM_THREADS"] == "1"
-    assert "nvidia_pytriton.libs" in env["LD_LIBRARY_PATH"]
-    assert env["PATH"].endswith(":/usr/bin")
-    assert str(BACKEND_SOURCE_DIR) in env["PYTHONPATH"]
-    assert "OMP_NUM_THREADS" not in server_environment({}, cpu_threads=None)
+class FakeServer:
+    """Dies at once after each start; `restart` fails for the attempts listed in `failing`."""
+
+    def __init__(self, failing: set[int] = frozenset()) -> None:
+        self.process = DyingProcess(-9)
+        self.restarts = 0
+        self.down: list[str] = []
+        self.failing = failing
+
+    def mark_down(self, message: str) -> None:
+        self.down.append(message)
+
+    def restart(self) -> None:
+        self.restarts += 1
+        if self.restarts in self.failing:
+            raise ServerError("not ready")
+        self.process = DyingProcess(-6)
 
 
-MALLOC_ENV = {
-    "MALLOC_MMAP_THRESHOLD_": "1048576",
-    "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
-    "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64",
-}
-
-
-def test_installed_server_keeps_its_environment_but_the_thread_cap_and_malloc() -> None:
-    """Another tritonserver (the NGC image's) has its own python3 and PYTHONPATH: kept as is."""
-    base = {"PATH": "/usr/bin", "PYTHONPATH": "/opt/avspec/backend", "LD_LIBRARY_PATH": "/x"}
-    threads = {"OMP_NUM_THREADS": "1"}
-    assert server_environment(base, cpu_threads=1, bundled=False) == base | threads | MALLOC_ENV
-    assert server_environment(base, cpu_threads=None, bundled=False) == base | MALLOC_ENV
-
-
-def test_malloc_settings_reach_every_server_and_yield_to_the_operators() -> None:
-    """Fixed mmap threshold + huge pages against heap fragmentation in the stage stubs, and a
-    small oneDNN kernel cache (one kernel per gelu input shape)."""
-    for bundled in (True, False):
-        env = server_environment({"PATH": "/usr/bin"}, bundled=bundled)
-        assert {k: env[k] for k in MALLOC_ENV} == MALLOC_ENV
-    mine = {
-        "MALLOC_MMAP_THRESHOLD_": "65536",
-        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2",
-        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0",
-    }
-    env = server_environment(mine, bundled=False)
-    assert env["MALLOC_MMAP_THRESHOLD_"] == "65536"
-    assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"
-    assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
-    off = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
-    assert server_environment(off, bundled=False)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
-
-
-def _fake_tritonserver(directory: Path) -> Path:
-    binary = directory / "bin" / "tritonserver"
-    binary.parent.mkdir(parents=True)
-    binary.write_text("#!/bin/sh\n")
-    binary.chmod(0o755)
-    return binary
-
-
-def test_triton_install_tells_the_wheel_server_from_an_installed_one(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_dying_server_is_restarted_until_the_budget_is_spent(
+    capsys: pytest.CaptureFixture,
 ) -> None:
-    wheel = TritonInstall.find()
-    assert wheel.binary == tritonserver_binary() and wheel.bundled and wheel.assembles_backends
-    assert TritonInstall.find(tritonserver_binary()).bundled
-    binary = _fake_tritonserver(tmp_path)
-    monkeypatch.setenv("PATH", f"{binary.parent}:/usr/bin:/bin")
-    installed = TritonInstall.find("tritonserver")  # a bare name: looked up on PATH
-    assert installed.binary == binary.resolve() and not installed.bundled
-    assert not installed.assembles_backends  # tritonserver's own default backend directory
-    assert TritonInstall.find(binary, tmp_path).backend_directory == tmp_path.resolve()
-    with pytest.raises(FileNotFoundError, match="not a directory"):
-        TritonInstall.find(binary, tmp_path / "absent")
-    with pytest.raises(FileNotFoundError, match="no 'no-such-server' on PATH"):
-        TritonInstall.find("no-such-server")
+    server = FakeServer(failing={2})
+    budget = RestartBudget(max_restarts=3, window_s=600, first_delay_s=0, max_delay_s=0)
+    code = launcher._keep_serving(server, budget)
+    assert code == -6 and server.restarts == 3  # the third restart's death spent the budget
+    err = capsys.readouterr().err
+    assert err.count("restarting in") == 3 and "restart failed: not ready" in err
+    assert "giving up" in err
+    assert all("retry shortly" in message for message in server.down)
 
 
-def test_missing_or_empty_repository(tmp_path: Path) -> None:
-    with pytest.raises(ServerError, match="not a directory"):
-        ServerProcess(tmp_path / "absent")
-    with pytest.raises(ServerError, match="no model"):
-        ServerProcess(tmp_path)
-    _model(tmp_path / "repository", "m", 'backend: "python"')
-    with pytest.raises(ServerError, match="not an executable"):
-        ServerProcess(tmp_path / "repository", tritonserver=tmp_path / "absent" / "tritonserver")
+def test_no_restart_allowed_exits_with_the_server(capsys: pytest.CaptureFixture) -> None:
+    server = FakeServer()
+    assert launcher._keep_serving(server, RestartBudget(max_restarts=0)) == -9
+    assert server.restarts == 0 and "giving up" in capsys.readouterr().err
 
 
-def _model(repository: Path, name: str, config: str, gpu_config: str | None = None) -> None:
-    (repository / name / "configs").mkdir(parents=True)
-    (repository / name / "config.pbtxt").write_text(config)
-    if gpu_config is not None:
-        (repository / name / "configs" / "gpu.pbtxt").write_text(gpu_config)
-
-
-def test_models_are_found_across_repositories_under_a_config_name(tmp_path: Path) -> None:
-    """As Triton reads them: configs/<name>.pbtxt where it exists; a name in one repository."""
-    first, second = tmp_path / "first", tmp_path / "second"
-    _model(first, "entry", 'backend: "python"')
-    _model(first, "cpu_only", 'backend: "python"', gpu_config='backend: "onnxruntime"')
-    _model(first, "pipeline", 'platform: "ensemble"')
-    _model(second, "engine", 'backend: "tensorrtllm"')
-    _model(second, "adapter", 'backend: "python"')
-    assert model_config_file(first / "cpu_only", "gpu") == first / "cpu_only/configs/gpu.pbtxt"
-    assert model_config_file(first / "entry", "gpu") == first / "entry/config.pbtxt"
-    assert python_models(first) == ["cpu_only", "entry"]
-    assert python_models(first, "gpu") == ["entry"]
-    server = ServerProcess(first, extra_repositories=[second], model_config_name="gpu")
-    assert server.models == ["adapter", "cpu_only", "engine", "entry", "pipeline"]
-    assert server.supervised_models() == ["adapter", "entry"]
-    assert server.model_homes["adapter"] == second.resolve()
-    _model(second, "entry", 'backend: "python"')
-    with pytest.raises(ServerError, match="'entry' is in several of the repositories"):
-        ServerProcess(first, extra_repositories=[second])
-    with pytest.raises(ServerError, match="'absent' is in none of the repositories"):
-        ServerProcess(first, load_models=["entry", "absent"])
-
-
-def test_gpu_deployment_supervises_its_python_stages(tmp_path: Path) -> None:
-    """The container's repositories and load list: every Python-backend stage is watched, in
-    both repositories; the engine (C++ backend) and the ensemble have no stub to watch."""
-    loads = [
-        "tensorrt_llm",
-        "trtllm_target",
-        "draft",
-        "verifier",
-        "speculative_step",
-        "speculative",
-    ]
-    server = ServerProcess(
-        ROOT / "model_repository",
-        extra_repositories=[ROOT / "model_repository_gpu"],  # the templates: same backends
-        model_config_name="gpu",
-        load_models=loads,
-        tritonserver=_fake_tritonserver(tmp_path),
-    )
-    assert server.models == loads  # readiness waits for each
-    assert server.supervised_models() == ["trtllm_target", "draft", "verifier", "speculative"]
-    server.run_dir = tmp_path
-    command = server.command(None)
-    assert "--load-model=*" not in command and "--backend-directory" not in " ".join(command)
-    assert [a for a in command if a.startswith("--load-model=")] == [
-        f"--load-model={m}" for m in loads
-    ]
-
-
-def test_command_uses_explicit_model_control(tmp_path: Path) -> None:
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.pbtxt").write_text('backend: "python"')
-    server = ServerProcess(tmp_path, 1, 2, 3)
-    server.run_dir, server.internal_metrics_port = tmp_path / "run", 13
-    assert repository_models(tmp_path) == ["m"]
-    command = server.command(tmp_path / "backends")
-    assert command[0] == str(tritonserver_binary())
-    assert f"--model-repository={tmp_path.resolve()}" in command
-    assert f"--backend-directory={tmp_path / 'backends'}" in command
-    assert "--model-control-mode=explicit" in command and "--load-model=*" in command
-    assert not any(a.startswith("--model-config-name") for a in command)
-    # Triton's HTTP and gRPC on Unix sockets in the run directory, its metrics on loopback;
-    # the public ports are the front's
-    run = tmp_path / "run"
-    assert f"--http-address=unix:{run / 'http.sock'}" in command
-    assert f"--grpc-address=unix:{run / 'grpc'}" in command and "--grpc-port=1" in command
-    assert server.grpc_socket == run / "grpc:1"  # Triton appends the port to the address
-    assert "--metrics-address=127.0.0.1" in command and "--metrics-port=13" in command
-    assert server.http_url.endswith(":1") and server.metrics_url.endswith(":3/metrics")
-
-
-def test_no_key_on_the_command_line(tmp_path: Path) -> None:
-    """Any local user reads /proc/<pid>/cmdline: neither the operator's key nor any other
-    secret is there, and Triton restricts nothing by key (only the front reaches it)."""
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.pbtxt").write_text('backend: "python"')
-    server = ServerProcess(tmp_path, admin_key="operator-key-0123456789")
-    server.run_dir = tmp_path / "run"
-    command = server.command(tmp_path / "backends")
-    assert "operator-key-0123456789" not in " ".join(command)
-    assert not [a for a in command if a.startswith(("--http-restricted", "--grpc-restricted"))]
-
-
-# A stand-in server: its own session (like tritonserver), one child in its group (like a stub),
-# SIGTERM answered by exiting with status 3 after 1 s, or ignored (also by the child).
-_FAKE_SERVER = """
-import signal, subprocess, sys, time
-if sys.argv[1] == "ignore":
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-else:
-    signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), sys.exit(3)))
-subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-print("ready", flush=True)
-time.sleep(60)
-"""
-
-
-@pytest.mark.parametrize(("on_sigterm", "signals", "expected"), [("exit", 1, 3), ("ignore", 2, -9)])
-def test_stop_holds_signals_a_second_one_kills_the_group(
-    tmp_path: Path, on_sigterm: str, signals: int, expected: int
+def test_the_key_crosses_the_exec_through_a_pipe_and_leaves_no_trace(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Signals during stop() never raise out of it: one is noted (the graceful stop goes on),
-    two kill the whole group at once (long before exit_timeout_s). Handlers are restored."""
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.pbtxt").write_text('backend: "python"')
-    server = ServerProcess(tmp_path, exit_timeout_s=60)
-    fake = subprocess.Popen(
-        [sys.executable, "-c", _FAKE_SERVER, on_sigterm], stdout=subprocess.PIPE,
-        start_new_session=True, text=True,
-    )  # fmt: skip
-    timers = [
-        threading.Timer(0.2 * (i + 1), os.kill, (os.getpid(), signal.SIGTERM))
-        for i in range(signals)
-    ]
-    previous = signal.signal(signal.SIGTERM, launcher._request_stop)  # as main() has it
-    try:
-        assert fake.stdout.readline() == "ready\n"
-        server.process = fake
-        for timer in timers:
-            timer.start()
-        started = time.monotonic()
-        assert server.stop() == expected
-        assert time.monotonic() - started < 10
-        assert signal.getsignal(signal.SIGTERM) is launcher._request_stop
-        time.sleep(0.2)  # SIGKILL is delivered asynchronously
-        assert [pid for pid, (_, g, _) in live_processes().items() if g == fake.pid] == []
-    finally:
-        for timer in timers:  # none may fire once pytest's own SIGTERM handling is back
-            timer.cancel()
-            if timer.is_alive():
-                timer.join()
-        signal.signal(signal.SIGTERM, previous)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(fake.pid, signal.SIGKILL)
-        fake.wait()
+    """The sandboxed launcher reads the key from the inherited pipe, closes it, and the
+    environment names neither the key nor the pipe afterwards."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, KEY.encode())
+    os.close(write_end)
+    monkeypatch.setenv(launcher.ADMIN_KEY_FD_ENV, str(read_end))
+    monkeypatch.setenv(ADMIN_KEY_ENV, "ignored-because-the-pipe-wins-0123")
+    args = launcher.parse_args(["--model-repository", "x"])
+    assert launcher._admin_key(args) == KEY
+    assert launcher.ADMIN_KEY_FD_ENV not in os.environ
+    with pytest.raises(OSError):
+        os.fstat(read_end)  # closed
+
+
+def test_the_key_variable_is_removed_once_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(launcher.ADMIN_KEY_FD_ENV, raising=False)
+    monkeypatch.setenv(ADMIN_KEY_ENV, KEY)
+    assert launcher._admin_key(launcher.parse_args(["--model-repository", "x"])) == KEY
+    assert ADMIN_KEY_ENV not in os.environ  # no child inherits it
