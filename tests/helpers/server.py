@@ -6,6 +6,7 @@ The session's server (tests/serving/conftest.py) runs a tiny seeded pair saved b
 
 from __future__ import annotations
 
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -170,3 +171,13 @@ def start_test_server(tmp: Path) -> ServerProcess:
     process.snapshot_path = tmp / "estimator_snapshot.json"
     process.target_dir = target_dir
     return process
+
+
+def wait_for_line(path: Path, text: str, process: subprocess.Popen, timeout_s: float) -> None:
+    """Wait until `text` appears in the log `path` of the launcher `process`; fail (with the
+    log's end) if it exits or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while text not in path.read_text():
+        assert process.poll() is None, f"launcher exited: {path.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout_s} s"
+        time.sleep(0.1)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.server import live_processes
+from helpers.server import live_processes, wait_for_line
 
 from avspec.serving import launcher
 from avspec.serving.server_process import ServerProcess, free_port
@@ -127,14 +127,6 @@ def test_two_repositories_a_config_name_and_a_load_list(tmp_path: Path) -> None:
         assert find_stubs(server.process.pid, second)["stage"].pid != stubs["stage"].pid
 
 
-def _wait_for_line(path: Path, text: str, process: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in path.read_text():
-        assert process.poll() is None, f"launcher exited: {path.read_text()[-2000:]}"
-        assert time.monotonic() < deadline, f"no {text!r} within {timeout_s} s"
-        time.sleep(0.1)
-
-
 @pytest.mark.serving
 def test_cli_two_quick_sigterms_stop_everything(tmp_path: Path) -> None:
     """`make` forwards SIGTERM twice: the second must not interrupt the stop half-way.
@@ -153,7 +145,7 @@ def test_cli_two_quick_sigterms_stop_everything(tmp_path: Path) -> None:
         )  # fmt: skip
     pgid = None
     try:
-        _wait_for_line(out, "avspec: serving", launcher_process, timeout_s=120)
+        wait_for_line(out, "avspec: serving", launcher_process, timeout_s=120)
         processes = live_processes()
         [pgid] = [pid for pid, (ppid, *_) in processes.items() if ppid == launcher_process.pid]
         group = {pid: cmd for pid, (_, g, cmd) in processes.items() if g == pgid}
@@ -193,7 +185,7 @@ def test_tritonserver_dies_with_a_killed_launcher(tmp_path: Path) -> None:
             stdout=stdout, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
     try:
-        _wait_for_line(out, "avspec: serving", launcher_process, timeout_s=120)
+        wait_for_line(out, "avspec: serving", launcher_process, timeout_s=120)
         processes = live_processes()
         [pgid] = [pid for pid, (ppid, *_) in processes.items() if ppid == launcher_process.pid]
         assert any(g == pgid and "stub" in cmd for _, (_, g, cmd) in processes.items())

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers.clients import http_generate
-from helpers.server import K, live_processes, write_test_repository
+from helpers.server import K, live_processes, wait_for_line, write_test_repository
 
 from avspec.serving.metrics import metric_value, parse_metrics
 from avspec.serving.server_process import free_port
@@ -56,14 +56,6 @@ def _tritonserver(repository: Path) -> int:
     return pid
 
 
-def _wait_for(path: Path, text: str, process: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while text not in path.read_text():
-        assert process.poll() is None, f"launcher exited: {path.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"no {text!r} within {timeout_s} s"
-        time.sleep(0.1)
-
-
 @pytest.mark.serving
 def test_killed_tritonserver_is_restarted_with_its_estimator(tmp_path: Path) -> None:
     tmp = tmp_path  # made readable by the server user (conftest)
@@ -80,7 +72,7 @@ def test_killed_tritonserver_is_restarted_with_its_estimator(tmp_path: Path) -> 
             stdout=log, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
     try:
-        _wait_for(out, "avspec: serving", launcher, timeout_s=180)
+        wait_for_line(out, "avspec: serving", launcher, timeout_s=180)
         for _ in range(6):  # enough steps for refits (every 10 steps): a snapshot exists
             http_generate(url, text_input="def f(x):", max_tokens=16, temperature=1.0)
         snapshot = json.loads((tmp / "estimator_snapshot.json").read_text())
