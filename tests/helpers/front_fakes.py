@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import io
 import json
 import select
 import socket
@@ -31,6 +32,7 @@ class Recorded:
     path: str
     headers: list[tuple[str, str]]
     body: bytes
+    peer_port: int = 0  # the port of the front's upstream connection it came on
 
     def header(self, name: str) -> list[str]:
         return [v for k, v in self.headers if k.lower() == name]
@@ -43,7 +45,8 @@ class FakeHttp:
     The body's `text_input` picks the behaviour: "endless" streams 400 events, "stall" sends no
     answer until its client goes away (or STALL_LIMIT_S), "error:STATUS:MESSAGE" answers STATUS
     with MESSAGE as Triton answers an error of the entry model (chunked, one JSON object or one
-    event), anything else streams 3 events.
+    event), a prompt holding "blocks:SPEC|" streams the decode steps of SPEC (`blocks`), anything
+    else streams 3 events.
     """
 
     requests: list[Recorded] = field(default_factory=list)
@@ -69,7 +72,11 @@ def make_handler(fake: FakeHttp) -> type[BaseHTTPRequestHandler]:
         def _record(self) -> bytes:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
-            fake.requests.append(Recorded(self.command, self.path, self.headers.items(), body))
+            fake.requests.append(
+                Recorded(
+                    self.command, self.path, self.headers.items(), body, self.client_address[1]
+                )
+            )
             return body
 
         def _reply(self, status: int, payload: dict) -> None:
@@ -93,7 +100,10 @@ def make_handler(fake: FakeHttp) -> type[BaseHTTPRequestHandler]:
                 mode = json.loads(body).get("text_input")
             except (ValueError, AttributeError):
                 mode = None
-            if mode == "stall":
+            if isinstance(mode, str) and "blocks:" in mode and path_streams(self.path):
+                spec = mode[mode.index("blocks:") + len("blocks:") :].partition("|")[0]
+                self._blocks(spec, json.loads(body)["max_tokens"])
+            elif mode == "stall":
                 self._stall()
             elif isinstance(mode, str) and mode.startswith("error:"):
                 status, _, message = mode.removeprefix("error:").partition(":")
@@ -116,6 +126,24 @@ def make_handler(fake: FakeHttp) -> type[BaseHTTPRequestHandler]:
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload))
+
+        def _blocks(self, spec: str, max_tokens: int) -> None:
+            """The steps of `spec` as the entry streams them (`blocks`)."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for event in blocks(spec, max_tokens):
+                    if event is None:  # "~": no more steps until the client goes away
+                        self._stall()
+                        return
+                    data = b"data: " + json.dumps(event).encode() + b"\n\n"
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                fake.disconnected.set()
 
         def _stall(self) -> None:
             """No answer; note when the client closes the connection."""
@@ -144,6 +172,42 @@ def make_handler(fake: FakeHttp) -> type[BaseHTTPRequestHandler]:
                 fake.disconnected.set()
 
     return Handler
+
+
+def path_streams(path: str) -> bool:
+    return path.endswith("/generate_stream")
+
+
+def blocks(spec: str, max_tokens: int) -> list[dict | None]:
+    """The events of an entry streaming `spec`: comma-separated steps, each a block of
+    accepted drafts then one token of the target, one byte-tokenizer token per character
+    (helpers.hf_dirs.byte_tokenizer); "!MESSAGE" an error event of a failing stage, "~" a stall.
+    Like the entry, at most `max_tokens` tokens in all (the last block cut)."""
+    from helpers.hf_dirs import byte_tokenizer
+
+    tokenizer, events, left = byte_tokenizer(), [], max_tokens
+    for step in spec.split(","):
+        if step.startswith("!"):
+            events.append({"error": f"generation failed: {step[1:]}"})
+            break
+        if step == "~":
+            events.append(None)
+            break
+        ids = tokenizer.encode(step).ids[:left]
+        left -= len(ids)
+        drafted = len(step) - 1
+        events.append(
+            {
+                "text_output": tokenizer.decode(ids),
+                "output_ids": ids[0] if len(ids) == 1 else ids,  # Triton writes [x] as x
+                "drafted_tokens": drafted + 2,
+                "verified_tokens": drafted + 1,
+                "accepted_tokens": drafted,
+            }
+        )
+        if not left:
+            break
+    return events
 
 
 class FakeTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -257,17 +321,40 @@ def request(port: int, method: str, path: str, body: object = None, headers: dic
     return response.status, payload, client_port
 
 
-def raw_exchange(port: int, head: str, body: bytes = b"", read_until: bytes = b"") -> bytes:
-    """Send bytes on a raw socket; return what comes back up to `read_until` or the close."""
+class _Recording(io.RawIOBase):
+    """A socket's input as a raw stream that keeps every byte read (the reply on the wire)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock, self.received = sock, bytearray()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._sock.recv(len(buffer))
+        buffer[: len(data)] = data
+        self.received += data
+        return len(data)
+
+
+def read_reply(sock: socket.socket) -> bytes:
+    """The bytes of one HTTP response read from `sock` (http.client finds where it ends), or of
+    whatever came before the connection closed."""
+    recording = _Recording(sock)
+    reader = io.BufferedReader(recording)
+    response = http.client.HTTPResponse(sock)
+    response.fp = reader  # http.client reads the response from the recorded stream
+    with contextlib.suppress(http.client.HTTPException, ConnectionError):
+        response.begin()
+        response.read()
+    return bytes(recording.received)
+
+
+def raw_exchange(port: int, head: str, body: bytes = b"") -> bytes:
+    """Send bytes on a raw socket; return the one reply that comes back (its bytes as sent)."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(head.encode("latin-1") + body)
-        received = b""
-        while not (read_until and read_until in received):
-            data = sock.recv(65536)
-            if not data:
-                break
-            received += data
-        return received
+        return read_reply(sock)
 
 
 def infer_request(model: str = "speculative", request_id: str = "1", **kwargs):

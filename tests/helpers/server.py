@@ -6,6 +6,7 @@ The session's server (tests/serving/conftest.py) runs a tiny seeded pair saved b
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 import urllib.request
@@ -126,10 +127,26 @@ def readable_by_server(directory: Path) -> Path:
     return directory
 
 
+# ChatML, the template of Qwen2 and SmolLM2 instruct models: the OpenAI chat route's tests.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def add_chat_template(model_dir: Path) -> None:
+    """Give `model_dir`'s tokenizer_config.json the chat template CHAT_TEMPLATE."""
+    path = model_dir / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+
+
 def write_test_repository(tmp: Path) -> tuple[Path, Path]:
     """(repository, target model dir): a tmp copy of the repository on the tiny pair, with the
     snapshot at `tmp/estimator_snapshot.json` (see the module doc)."""
     target_dir, draft_dir = save_tiny_pair(tmp / "models")
+    add_chat_template(target_dir)
     repository = copy_repository(
         REPOSITORY,
         tmp / "model_repository",

@@ -10,7 +10,7 @@ Errors are final responses with a Triton error code: INVALID_ARG for the client'
 UNAVAILABLE for a full queue or a request past `request_timeout_s` (retry later), INTERNAL for a
 server failure. Triton 2.51 answers 400 over HTTP to every error of a decoupled model, so a server
 failure's message starts with `generation failed`, which the front maps to 500
-(avspec.serving.front.http_wire.ENTRY_SERVER_ERRORS).
+(avspec.serving.front.http_status.ENTRY_SERVER_ERRORS).
 
 `pb` (triton_python_backend_utils) is passed in as a class attribute by model.py, as for the
 stage models (avspec.serving.triton_model); its attributes are read at call time.

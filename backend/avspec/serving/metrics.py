@@ -10,9 +10,9 @@ the same table for operators.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
-
-from prometheus_client.parser import text_string_to_metric_families
 
 COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
 STEP_BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
@@ -148,21 +148,33 @@ KV_LIVE_SEQUENCES = MetricSpec(
 
 ALL_METRICS = (*VERIFIER_METRICS, LIVE_SEQUENCES, KV_LIVE_SEQUENCES)
 
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
 # Parsed samples: (metric name, its labels) -> value.
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 def parse_metrics(text: str) -> Samples:
-    """Parse Prometheus text exposition (prometheus_client's parser) into
-    {(sample name, labels): value}.
+    """Parse Prometheus text exposition into {(sample name, labels): value}, names as exposed.
 
-    Histograms appear as their `_bucket` (label `le`), `_sum` and `_count` samples.
+    Histograms appear as their `_bucket` (label `le`), `_sum` and `_count` samples. Not
+    prometheus_client's parser: it renames every counter sample to its OpenMetrics `_total` form
+    (Triton's `nv_inference_request_success` becomes `nv_inference_request_success_total`), and
+    the benchmarks, the profiler and the Grafana dashboard all use the names Triton exposes.
     """
-    return {
-        (sample.name, frozenset(sample.labels.items())): float(sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, labels, value = match.groups()
+        label_set = frozenset(_LABEL.findall(labels or ""))
+        samples[(name, label_set)] = _to_float(value)
+    return samples
 
 
 def metric_value(samples: Samples, name: str, **labels: str) -> float:
@@ -172,3 +184,10 @@ def metric_value(samples: Samples, name: str, **labels: str) -> float:
     if len(found) != 1:
         raise KeyError(f"{len(found)} samples of {name} with labels {labels}")
     return found[0]
+
+
+def _to_float(text: str) -> float:
+    lowered = text.lower()
+    if lowered in ("nan", "+inf", "inf", "-inf"):
+        return {"nan": math.nan, "-inf": -math.inf}.get(lowered, math.inf)
+    return float(text)

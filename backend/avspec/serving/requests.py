@@ -53,17 +53,32 @@ class RequestError(ValueError):
 
 def entry_tokenizer(model_directory: str | Path) -> Tokenizer:
     """The tokenizer of the entry model whose directory is `model_directory` (Triton's
-    `args["model_repository"]`): `load_tokenizer` of the target model's `model_dir` parameter
-    (the sibling `target/config.pbtxt`, relative paths against the project root). Raises
-    ValueError naming what is missing: the target config, its `model_dir`, or a Hugging Face
-    checkpoint with a `tokenizer.json` there."""
+    `args["model_repository"]`): `load_tokenizer` of `target_model_dir`. Raises ValueError
+    naming what is missing: the target config, its `model_dir`, or a Hugging Face checkpoint
+    with a `tokenizer.json` there."""
+    return load_tokenizer(target_model_dir(model_directory))
+
+
+def served_tokenizer_dir(model_directory: str | Path) -> Path | None:
+    """`target_model_dir`, or None for a repository without a target model that names its
+    `model_dir` (a repository of test models): the front then serves no OpenAI completions."""
+    try:
+        return target_model_dir(model_directory)
+    except ValueError:
+        return None
+
+
+def target_model_dir(model_directory: str | Path) -> Path:
+    """The target model's `model_dir` parameter for the entry model in `model_directory`
+    (the sibling `target/config.pbtxt`, relative paths against the project root): the
+    directory whose tokenizer the entry serves with. ValueError naming what is missing."""
     config = Path(model_directory).parent / TARGET_MODEL / "config.pbtxt"
     if not config.is_file():
         raise ValueError(f"{config} not found: the entry model serves the target's tokenizer")
     model_dir = read_config_parameters(config.read_text()).get("model_dir", "")
     if not model_dir:
         raise ValueError(f"{config}: no model_dir parameter, so no tokenizer to serve with")
-    return load_tokenizer(resolve_path(project_root(model_directory), model_dir))
+    return resolve_path(project_root(model_directory), model_dir)
 
 
 def _scalar(values: Mapping[str, np.ndarray | None], name: str) -> object | None:

@@ -36,6 +36,7 @@ from types import TracebackType
 from avspec.serving.cleanup import clean_leftovers, remove_regions, shm_prefix
 from avspec.serving.exposure import triton_flags
 from avspec.serving.front import Front, FrontConfig, generate_schema_from_config
+from avspec.serving.requests import served_tokenizer_dir
 from avspec.serving.sandbox import (
     ServerUser,
     runtime_paths,
@@ -363,6 +364,8 @@ class ServerProcess:
                 generate_schema=generate_schema_from_config(config_file.read_text()),
                 max_body_bytes=self.max_body_bytes,
                 ready=self.stages_ready,
+                # the OpenAI routes decode and template with the pair's tokenizer (issue 22)
+                tokenizer_dir=served_tokenizer_dir(home / self.public_model),
             )
         ).start()
         self.http_port, self.grpc_port = self.front.http_port, self.front.grpc_port

@@ -24,6 +24,8 @@ from avspec.serving.requests import (
     entry_tokenizer,
     parse_client,
     parse_generation_inputs,
+    served_tokenizer_dir,
+    target_model_dir,
 )
 
 ENTRY_CONFIG = ROOT / "model_repository/speculative/config.pbtxt"
@@ -274,3 +276,13 @@ def test_entry_tokenizer_is_the_targets(tmp_path, hf_tokenizer_dir) -> None:
     entry = write_entry_repository(tmp_path / "retired", param.format(old))
     with pytest.raises(ValueError, match="retired format"):
         entry_tokenizer(entry)
+
+
+def test_served_tokenizer_dir_is_the_targets_or_none(tmp_path, hf_tokenizer_dir) -> None:
+    """The front's OpenAI routes take the entry's tokenizer directory; a repository without a
+    target (test models) serves them not, and still starts."""
+    param = f'parameters {{ key: "model_dir" value: {{ string_value: "{hf_tokenizer_dir}" }} }}\n'
+    entry = write_entry_repository(tmp_path / "hf", param)
+    assert served_tokenizer_dir(entry) == target_model_dir(entry) == hf_tokenizer_dir
+    assert served_tokenizer_dir(write_entry_repository(tmp_path / "none", "")) is None
+    assert served_tokenizer_dir(tmp_path / "elsewhere/model_repository/x") is None

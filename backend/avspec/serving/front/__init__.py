@@ -11,6 +11,8 @@ The front listens on the public address and forwards only:
 * health (live, ready) and server metadata;
 * for each public model: metadata, ready, generate, generate_stream and infer (HTTP), or
   ModelMetadata, ModelReady, ModelInfer and ModelStreamInfer (gRPC);
+* the OpenAI-compatible routes `/v1/models`, `/v1/completions`, `/v1/chat/completions`, which
+  the front serves itself on top of generate_stream (front.openai);
 * `GET /metrics` on the metrics port (metrics_relay).
 
 A model the server loads but does not publish is refused with 403 / PERMISSION_DENIED, an
@@ -23,11 +25,17 @@ for per-client fairness; see policy for what an identity is). Whatever a client 
 header or metadata key containing `avspec` is dropped, and request parameters (or generate
 fields) named `avspec-*` are refused, so the identity cannot be spoofed.
 
+HTTP is parsed by aiohttp on both sides (server for clients, client session to Triton; why
+aiohttp: http_relay); the front keeps only its rules. There is no hand-written HTTP parsing.
+
 Modules: schema (generate body schema and validation), config (FrontConfig), policy (admin
 authorisation, refusal texts, reserved names, identity), limits (connections and streams per IP
 address and in total; health is never refused), inflight (calls that Front.abort_inference
-ends), http_wire and http_relay (HTTP), grpc_relay (gRPC), metrics_relay (the metrics port),
-server (Front: the relays on one event loop in a background thread).
+ends); HTTP: http_routes (what is public), http_status (status codes, error answers),
+http_connection (per-connection caps and timeouts on aiohttp's protocol), http_upstream (the
+client to Triton), http_relay (the public port), openai (the /v1 routes); grpc_relay (gRPC),
+metrics_relay (the metrics port), server (Front: the relays on one event loop in a background
+thread).
 """
 
 from avspec.serving.front.config import FrontConfig

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from avspec.serving.front.schema import DEFAULT_GENERATE_SCHEMA, GenerateSchema
 
@@ -47,6 +48,9 @@ class FrontConfig:
     # a stream that has been used is ended once it has had no request in progress this long:
     # long enough for a client that keeps one stream between bursts (Envoy's default is 5 min)
     stream_idle_timeout_s: float = 300.0
+    # the pair's target directory (tokenizer.json, tokenizer_config.json with its chat
+    # template): the OpenAI routes decode, count and template with it; None: they answer 501
+    tokenizer_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.admin_key is not None and not _HEADER_SAFE.fullmatch(self.admin_key):

@@ -1,458 +1,402 @@
-"""The HTTP relay: the front's public HTTP/1.1 port, forwarding to Triton's loopback HTTP port.
+"""The HTTP relay: the front's public HTTP port, forwarding to Triton's HTTP (front.http_upstream).
 
-One request per client connection (every response says `Connection: close`) and one upstream
-connection per request, so a client that goes away closes its upstream connection at once and
-Triton cancels the request. Bodies are bounded before they are read (413 at once, also in place
-of `100 Continue`: Triton's HTTP front end crashes on a ~10 MB body sent with
-`Expect: 100-continue`), header blocks are bounded, slow clients time out, and generate bodies are
-type-checked against the model's inputs.
+Why aiohttp: it is already a dependency (tritonclient[all] pulls it in; the metrics port is an
+aiohttp server too), it is asyncio-native, so the HTTP side runs on the same event loop as the
+gRPC relay (grpc.aio) and Front.abort_inference reaches both with one call, and it gives the two
+halves a proxy needs: a server (llhttp parser, keep-alive, chunked bodies, pipelining) and a
+client with a connection pool over a Unix socket. FastAPI on uvicorn, as Triton's own OpenAI
+frontend uses, would add a framework (Starlette, pydantic), an ASGI server with its own loop and
+lifecycle, and still need an HTTP client (httpx) for the upstream side; its routing and
+validation would not replace the front's rules, which are neither REST routes nor pydantic
+models. So aiohttp parses HTTP on both sides, and the project keeps only its rules:
 
-The caller's identity (its IP, see policy) goes upstream in header `avspec-client` and, for
-generate and generate_stream, as the body field `"avspec-client"`: Triton 2.51 does not forward
-HTTP headers to the model for /generate, but makes unknown generate fields request parameters.
-A client cannot send that field itself (an unknown field is a 400).
+* routes (front.http_routes): what is public, what needs the operator's admin key;
+* a request head of at most `max_header_bytes` (431; Triton 2.51 breaks on heads past about
+  8.1 KB), read within `read_timeout_s` (408; front.http_connection), connections per IP address
+  and in total (429 / 503; front.limits);
+* bodies over `max_body_bytes` get 413 before a byte is read, also in place of
+  `100 Continue` (Triton 2.51's HTTP front end crashes on a ~10 MB body sent with
+  `Expect: 100-continue`); generate bodies are type-checked against the model's inputs
+  (front.schema), infer parameters named `avspec-*` refused;
+* the caller's identity (its IP, see policy) goes upstream in header `avspec-client` and, for
+  generate and generate_stream, as the body field `"avspec-client"`: Triton 2.51 does not
+  forward HTTP headers to the model for /generate, but makes unknown generate fields request
+  parameters. A client cannot send that field itself (an unknown field is a 400);
+* Triton's 400 to a generate call is read whole and given the status the entry model meant
+  (http_status.ENTRY_SERVER_ERRORS: 503 for a full queue, 500 for a failed stage); every 429
+  and 503 says `Retry-After`.
 
-Each IP address holds at most `max_per_address` connections (429 past it), all clients
-together `max_connections` (503); every 429 and 503 says `Retry-After`. Triton's 400 to a
-generate call is read whole and given the status the entry model meant (http_wire
-.ENTRY_SERVER_ERRORS: 503 for a full queue, 500 for a failed stage).
-
-Every generate, generate_stream and infer call is registered for `Front.abort_inference`, which
-ends it: with a 503 if the response head has not started, with a last SSE event
-`data: {"error": ...}` and a proper end of the chunked body if an event stream is under way, and
-by closing the connection otherwise (a body cut short cannot be ended cleanly).
+Every inference call is registered for `Front.abort_inference`, which ends it: with a 503 if the
+response has not started, with a last SSE event `data: {"error": ...}` and a proper end of the
+body if an event stream is under way at an event boundary, and by closing the connection
+otherwise (a body cut short cannot be ended cleanly). A client that goes away cancels its call
+(aiohttp cancels the handler), which closes the upstream connection, and Triton cancels the
+request. The front's own routes (OpenAI-compatible API, playground page) are handlers given to
+the relay by kind (front.http_routes.FRONT_KINDS).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 
-from avspec.serving.exposure import CLIENT_HEADER
-from avspec.serving.front import http_wire as wire
-from avspec.serving.front.config import FrontConfig, upstream_address
-from avspec.serving.front.inflight import InFlight, settle
-from avspec.serving.front.limits import Full, Slots
-from avspec.serving.front.policy import RESTARTING, http_identity, stage_ready
-from avspec.serving.front.schema import check_generate_body
+import aiohttp
+from aiohttp import web
+from aiohttp.http import HttpVersion11
+from aiohttp.web_urldispatcher import _default_expect_handler
 
-_LINGER_S = 1.0  # after an early error: how long to swallow a body the client still sends
-_CHUNK = 64 << 10
+from avspec.serving.exposure import ADMIN_KEY_HEADER, CLIENT_HEADER
+from avspec.serving.front.config import FrontConfig
+from avspec.serving.front.http_connection import ConnectionServer, FrontConnection
+from avspec.serving.front.http_routes import Route, route
+from avspec.serving.front.http_status import (
+    HttpError,
+    entry_error_status,
+    error_response,
+    with_retry_after,
+)
+from avspec.serving.front.http_upstream import HOP_BY_HOP, Upstream, forwarded_headers
+from avspec.serving.front.inflight import Abortable, InFlight, abortable
+from avspec.serving.front.limits import Slots
+from avspec.serving.front.policy import (
+    RESTARTING,
+    reserved_parameter,
+    stage_ready,
+)
+from avspec.serving.front.schema import check_generate_body, parse_json
+
+_log = logging.getLogger(__name__)
+
+_LINGER_S = 1.0  # after an early answer: how long aiohttp swallows a body the client still sends
+_WHOLE_BODY = 1 << 20  # an answer up to this size is read whole and sent in one write
 _ERROR_BODY_LIMIT = 64 << 10  # an error answer read whole (Triton's are a line of JSON)
+_MAX_HEADERS = 64  # header fields per request (the openai client sends about 17)
+_CLOSE_WAIT_S = 0.2  # stop(): how long a connection's handler may finish before it is cancelled
+
+# A route the front serves itself: (request, checked body, identity, the call's Abortable when
+# it is an inference call) -> response; it answers an abort itself (front.inflight.Abortable).
+FrontHandler = Callable[
+    [web.BaseRequest, bytes, str, Abortable | None], Awaitable[web.StreamResponse]
+]
+ErrorFormat = Callable[[HttpError], web.StreamResponse]
 
 
 @dataclass
 class _Exchange:
     """What one forwarded call has sent so far (to end it cleanly when it is aborted)."""
 
-    upstream: asyncio.StreamWriter | None = None
-    head: wire.ResponseHead | None = None  # set once the response head goes out
-    owed: int = 0  # bytes still due to close the chunk (or Content-Length body) under way
+    response: web.StreamResponse | None = None  # set once the response is about to start
+    event_stream: bool = False
+    at_event_end: bool = True  # what was written so far ends with a whole SSE event
     complete: bool = False  # the whole response has been written
-    generate: bool = False  # a generate call: Triton's 400 may hide a server-side error
+
+
+def head_bytes(request: web.BaseRequest) -> int:
+    """The size of the request head as the client sent it (request line, fields, CRLFs)."""
+    line = len(request.method) + len(request.raw_path) + len(" HTTP/1.1\r\n") + 1
+    return line + sum(len(name) + len(value) + 4 for name, value in request.raw_headers) + 2
+
+
+def error_event(message: str) -> bytes:
+    """A last SSE event `data: {"error": ...}`."""
+    return b"data: " + json.dumps({"error": message}).encode() + b"\n\n"
 
 
 class HttpRelay:
+    """The public HTTP port: the front's rules, aiohttp's HTTP, Triton behind."""
+
     def __init__(self, config: FrontConfig, inflight: InFlight) -> None:
         self.config = config
         self.port = 0
+        self.upstream = Upstream(config)
         self._inflight = inflight
-        self._upstream = upstream_address(config.upstream_http)
-        self._server: asyncio.Server | None = None
-        self._clients: set[asyncio.Task] = set()
         self._slots = Slots(
             config.max_per_address,
             config.max_connections,
             noun="open connections",
             total_noun="open connections",
         )
-        self._closing = False
+        self._front_handlers: dict[str, FrontHandler] = {}
+        self._error_formats: list[tuple[str, ErrorFormat]] = []
+        self._server: ConnectionServer | None = None
+        self._listener: asyncio.Server | None = None
+
+    def serve(self, kind: str, handler: FrontHandler) -> None:
+        """Serve the front's own route `kind` (front.http_routes.FRONT_KINDS) with `handler`."""
+        self._front_handlers[kind] = handler
+
+    def format_errors(self, prefix: str, error_format: ErrorFormat) -> None:
+        """Answer the front's refusals of paths under `prefix` with `error_format`."""
+        self._error_formats.append((prefix, error_format))
 
     async def open(self) -> None:
-        self._server = await asyncio.start_server(
-            self._on_client,
+        await self.upstream.open()
+        limit = self.config.max_header_bytes
+        self._server = ConnectionServer(
+            self._handle,
+            self._slots,
+            handler_cancellation=True,  # a client that goes away cancels its call
+            keepalive_timeout=self.config.read_timeout_s,
+            lingering_time=_LINGER_S,
+            max_line_size=limit,
+            max_field_size=limit,
+            max_headers=_MAX_HEADERS,
+            access_log=None,
+            logger=_log,
+        )
+        self._listener = await asyncio.get_running_loop().create_server(
+            self._server,
             self.config.host,
             self.config.http_port,
-            limit=self.config.max_header_bytes,
             backlog=min(self.config.max_connections, 4096),
         )
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.port = self._listener.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
-        self._closing = True  # from now on connections are reset, not closed gracefully
+        if self._listener is not None:
+            self._listener.close()
         if self._server is not None:
-            self._server.close()
-        for task in list(self._clients):
-            task.cancel()
-        await asyncio.gather(*self._clients, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
+            for connection in self._server.connections:
+                connection.force_close()  # cancels its handler: calls in flight end here
+            await self._server.shutdown(_CLOSE_WAIT_S)
+        if self._listener is not None:
+            await self._listener.wait_closed()
+        await self.upstream.close()
 
-    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Serve a connection within a slot of its IP address (and of the total): past its
-        address's cap 429, past the total 503, both with Retry-After."""
-        address = http_identity(writer.get_extra_info("peername")[0])
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        connection = request.protocol
+        assert isinstance(connection, FrontConnection)
+        connection.request_started()
         try:
-            with self._slots.hold(address):
-                await self._serve_client(reader, writer)
-        except Full as err:
-            writer.write(wire.error_response(429 if err.per_address else 503, str(err)))
-            await self._linger_close(reader, writer)
-            await self._close_client(writer)
-
-    async def _serve_client(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._clients.add(task)
-        try:
-            await self._serve(reader, writer)
-        except (wire.ClientGone, ConnectionError):
-            pass
+            return await self._serve(request)
+        except HttpError as err:
+            response = self._error(request.raw_path, err)
+            if not request.content.is_eof():  # a body left unread: end the connection after
+                response.force_close()
+            return response
         finally:
-            self._clients.discard(task)
-            await self._close_client(writer)
+            connection.request_ended()
 
-    async def _close_client(self, writer: asyncio.StreamWriter) -> None:
-        """Close after the queued bytes are sent (abort would drop them), within a timeout."""
-        if self._closing:
-            writer.transport.abort()
-            return
-        try:
-            writer.close()
-            async with asyncio.timeout(self.config.read_timeout_s):
-                await writer.wait_closed()
-        except asyncio.CancelledError:
-            writer.transport.abort()
-            raise
-        except Exception:  # reset by the client, or it does not read: drop the rest
-            writer.transport.abort()
+    def _error(self, path: str, err: HttpError) -> web.StreamResponse:
+        for prefix, error_format in self._error_formats:
+            if path.startswith(prefix):
+                return error_format(err)
+        return error_response(err.status, err.message, err.headers)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        identity = http_identity(writer.get_extra_info("peername")[0])
-        try:
-            request = await self._read_head(reader)
-            route = wire.route(self.config, request)
-            body = await self._read_body(request, reader, writer)
-            if route.kind == "generate":
-                body = self._checked_generate(body, identity)
-            elif route.kind == "infer":
-                wire.check_infer(request, body)
-            if route.kind in ("generate", "infer") and not await stage_ready(self.config.ready):
-                raise wire.HttpError(503, RESTARTING)  # fail fast instead of inside a stage
-        except wire.HttpError as err:
-            writer.write(wire.error_response(err.status, err.message, err.headers))
-            await self._linger_close(reader, writer)
-            return
-        if route.kind == "ready":
-            await self._serve_ready(request, identity, writer)
-        else:
-            await self._forward(request, body, route, identity, reader, writer)
-
-    async def _read_head(self, reader: asyncio.StreamReader) -> wire.Request:
-        try:
-            async with asyncio.timeout(self.config.read_timeout_s):
-                head = await reader.readuntil(b"\r\n\r\n")
-        except TimeoutError:
-            raise wire.HttpError(408, "timed out reading the request head") from None
-        except asyncio.LimitOverrunError:
+    async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
+        if head_bytes(request) > self.config.max_header_bytes:
             limit = self.config.max_header_bytes
-            raise wire.HttpError(431, f"request head exceeds {limit} bytes") from None
-        except asyncio.IncompleteReadError as err:
-            if not err.partial.strip():
-                raise wire.ClientGone from None
-            raise wire.HttpError(400, "incomplete request head") from None
-        return wire.parse_head(head)
+            raise HttpError(431, f"request head exceeds {limit} bytes")
+        identity = request.protocol.identity  # FrontConnection: set once per connection
+        path = request.raw_path.partition("?")[0]
+        found = route(
+            self.config, request.method, path, request.headers.getall(ADMIN_KEY_HEADER, [])
+        )
+        body = await self._read_body(request)
+        if found.kind == "generate":
+            body = self._checked_generate(body, identity)
+        elif found.kind == "infer":
+            check_infer(request, body)
+        if found.inference and not await stage_ready(self.config.ready):
+            raise HttpError(503, RESTARTING)  # fail fast instead of inside a stage
+        if found.kind == "ready":
+            return await self._serve_ready(identity)
+        handler = self._front_handlers.get(found.kind)
+        if handler is not None:
+            if not found.inference:
+                return await handler(request, body, identity, None)
+            with abortable(self._inflight) as call:
+                return await handler(request, body, identity, call)
+        if found.kind not in ("plain", "generate", "infer"):
+            raise HttpError(404, f"{path} is not served by this front")
+        return await self._forward(request, body, found, identity)
 
-    async def _read_body(
-        self, request: wire.Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> bytes:
-        """Read the body only once its declared size is within the limit (413 otherwise)."""
-        length = wire.content_length(request)
+    async def _read_body(self, request: web.BaseRequest) -> bytes:
+        """The body, read only once its declared size is within the limit (413 otherwise)."""
         limit = self.config.max_body_bytes
-        if length > limit:
+        length = request.content_length
+        if length is not None and length > limit:
             message = f"request body of {length} bytes exceeds the limit of {limit} bytes"
-            raise wire.HttpError(413, message)
-        expect = request.values("expect")
+            raise HttpError(413, message)
+        if not request.body_exists:
+            if request.method == "POST" and length is None:
+                raise HttpError(411, "a POST needs a body: a Content-Length or a chunked body")
+            return b""
+        expect = request.headers.getall("Expect", [])
         if expect:
             if [value.lower() for value in expect] != ["100-continue"]:
-                raise wire.HttpError(417, "only 'Expect: 100-continue' is supported")
-            if length and request.version == "1.1":
-                # Answered here, never by Triton (it crashes on large bodies after 100-continue).
-                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if not length:
-            return b""
+                raise HttpError(417, "only 'Expect: 100-continue' is supported")
+            if request.version == HttpVersion11:
+                # answered here, never by Triton (it crashes on large bodies after 100-continue)
+                await _default_expect_handler(request)  # aiohttp's interim 100 Continue
+        body = bytearray()
         try:
             async with asyncio.timeout(self.config.read_timeout_s):
-                return await reader.readexactly(length)
+                while chunk := await request.content.readany():
+                    body += chunk
+                    if len(body) > limit:  # a chunked body has no size to check beforehand
+                        message = f"request body exceeds the limit of {limit} bytes"
+                        raise HttpError(413, message)
         except TimeoutError:
-            raise wire.HttpError(408, "timed out reading the request body") from None
-        except asyncio.IncompleteReadError:
-            raise wire.ClientGone from None
+            raise HttpError(408, "timed out reading the request body") from None
+        return bytes(body)
 
     def _checked_generate(self, body: bytes, identity: str) -> bytes:
         """The checked body, re-serialised, with the caller's identity as `avspec-client`."""
         try:
             request = check_generate_body(body, self.config.generate_schema)
         except ValueError as err:
-            raise wire.HttpError(400, str(err)) from None
+            raise HttpError(400, str(err)) from None
         request[CLIENT_HEADER] = identity
         return json.dumps(request, allow_nan=False, separators=(",", ":")).encode()
 
-    async def _linger_close(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        """Send what is queued, then swallow input for a moment before closing.
-
-        Closing with unread input makes the kernel send a reset, which can destroy the error
-        response before the client reads it (typical when a 413 interrupts an upload).
-        """
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(_LINGER_S):
-                await writer.drain()
-                if writer.can_write_eof():
-                    writer.write_eof()
-                while await reader.read(_CHUNK):
-                    pass
-
-    async def _serve_ready(
-        self, request: wire.Request, identity: str, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _serve_ready(self, identity: str) -> web.StreamResponse:
         """200 only if the stages (config.ready) and Triton are ready; 503 otherwise."""
         if not await stage_ready(self.config.ready):
-            writer.write(wire.error_response(503, "not ready: the serving stages are not ready"))
-        else:
-            try:
-                status = await self._upstream_status(request, identity)
-            except (OSError, TimeoutError, wire.HttpError) as err:
-                message = f"not ready: Triton is unreachable ({err})"
-                writer.write(wire.error_response(503, message))
-            else:
-                if status == 200:
-                    writer.write(wire.response(200))
-                else:
-                    message = f"not ready: Triton answered {status}"
-                    writer.write(wire.error_response(503, message))
-        with contextlib.suppress(Exception):
-            await writer.drain()
-
-    async def _upstream_status(self, request: wire.Request, identity: str) -> int:
-        async with asyncio.timeout(self.config.connect_timeout_s * 2):
-            up_reader, up_writer = await self._connect()
-            try:
-                up_writer.write(wire.upstream_head(self.config, request, b"", False, identity))
-                head = await up_reader.readuntil(b"\r\n\r\n")
-            finally:
-                up_writer.transport.abort()
-        return wire.parse_status(head)
-
-    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A new connection to Triton's HTTP (its Unix socket, or host:port)."""
-        limit = self.config.max_header_bytes * 4
-        if isinstance(self._upstream, str):
-            return await asyncio.open_unix_connection(self._upstream, limit=limit)
-        return await asyncio.open_connection(*self._upstream, limit=limit)
+            return error_response(503, "not ready: the serving stages are not ready")
+        try:
+            async with asyncio.timeout(self.config.connect_timeout_s * 2):
+                answer = await self.upstream.send("GET", "/v2/health/ready", [], identity)
+                answer.release()
+        except (HttpError, TimeoutError) as err:
+            return error_response(503, f"not ready: Triton is unreachable ({err})")
+        if answer.status != 200:
+            return error_response(503, f"not ready: Triton answered {answer.status}")
+        return web.Response(status=200)
 
     async def _forward(
-        self,
-        request: wire.Request,
-        body: bytes,
-        route: wire.Route,
-        identity: str,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> None:
-        """Send the request upstream and relay the response as it arrives.
-
-        The client's side is watched meanwhile: once it closes, the upstream connection is
-        reset at once, which makes Triton cancel the request. An inference call also ends when
-        Front.abort_inference resolves its `aborted` future.
-        """
-        exchange = _Exchange(generate=route.kind == "generate")
-        aborted: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        relay = asyncio.create_task(
-            self._relay(request, body, route.admin, identity, exchange, writer)
-        )
-        watch = asyncio.create_task(_wait_closed(reader))
-        tracked = self._inflight.track(partial(settle, aborted)) if route.inference else None
-        try:
-            with tracked or contextlib.nullcontext():
-                await asyncio.wait({relay, watch, aborted}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if exchange.upstream is not None:
-                exchange.upstream.transport.abort()
-            relay.cancel()
-            watch.cancel()
-            await asyncio.gather(relay, watch, return_exceptions=True)
-        failure = None if relay.cancelled() else relay.exception()
-        if aborted.done() and (relay.cancelled() or failure is not None):
-            await self._end_aborted(exchange, aborted.result(), writer)
-        elif isinstance(failure, wire.HttpError):
-            writer.write(wire.error_response(failure.status, failure.message))
-            await self._linger_close(reader, writer)
+        self, request: web.BaseRequest, body: bytes, found: Route, identity: str
+    ) -> web.StreamResponse:
+        """Send the request upstream and relay the answer; end it if it is aborted."""
+        exchange = _Exchange()
+        if not found.inference:
+            return await self._relay(request, body, found, identity, exchange)
+        with abortable(self._inflight) as call:
+            try:
+                return await self._relay(request, body, found, identity, exchange)
+            except asyncio.CancelledError:
+                if not call.resume():
+                    raise
+        assert call.message is not None
+        return await self._end_aborted(request, exchange, call.message)
 
     async def _end_aborted(
-        self, exchange: _Exchange, message: str, writer: asyncio.StreamWriter
-    ) -> None:
+        self, request: web.BaseRequest, exchange: _Exchange, message: str
+    ) -> web.StreamResponse:
         """Answer an aborted call as well as what was already sent allows."""
-        head = exchange.head
-        sized = head is not None and not head.chunked and head.length is not None
-        if head is None:
-            writer.write(wire.error_response(503, message))
-        elif exchange.complete or (sized and not exchange.owed):
-            pass  # the whole answer is written already: let it go out
-        elif head.chunked and head.event_stream and not exchange.owed:
-            writer.write(wire.error_event_chunk(message))
-        else:  # mid-chunk, mid-body, or a body framed by the close: no clean end is possible
-            writer.transport.abort()
-            return
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(self.config.read_timeout_s):
-                await writer.drain()
+        response = exchange.response
+        if response is None or not response.prepared:
+            return error_response(503, message)
+        if exchange.complete:
+            return response
+        if exchange.event_stream and exchange.at_event_end:
+            await self._write(response, error_event(message))
+            await response.write_eof()
+            return response
+        # mid-event or mid-body: no clean end exists, so the connection ends here
+        if request.transport is not None:
+            request.transport.abort()
+        return response
 
     async def _relay(
         self,
-        request: wire.Request,
+        request: web.BaseRequest,
         body: bytes,
-        admin: bool,
+        found: Route,
         identity: str,
         exchange: _Exchange,
-        writer: asyncio.StreamWriter,
-    ) -> None:
+    ) -> web.StreamResponse:
+        connection = ",".join(request.headers.getall("Connection", ()))
+        headers = forwarded_headers(
+            request.headers.items(), connection.split(",") if connection else ()
+        )
+        data = body if body or request.method not in ("GET", "HEAD") else None
+        answer = await self.upstream.send(request.method, request.raw_path, headers, identity, data)
         try:
-            async with asyncio.timeout(self.config.connect_timeout_s):
-                up_reader, exchange.upstream = await self._connect()
-        except (OSError, TimeoutError) as err:
-            # down or restarting (the launcher starts it again): a retry soon may succeed
-            address = self.config.upstream_http
-            raise wire.HttpError(503, f"Triton at {address} is unreachable: {err}") from None
-        try:
-            exchange.upstream.write(wire.upstream_head(self.config, request, body, admin, identity))
-            await exchange.upstream.drain()
-            head = await up_reader.readuntil(b"\r\n\r\n")
-        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as err:
-            message = f"Triton closed the connection without an answer ({err!r})"
-            raise wire.HttpError(502, message) from None
-        status = wire.parse_status(head)
-        framing = wire.rewrite_head(head)
-        if status == 400 and exchange.generate:
-            answer = await self._entry_error(framing, up_reader)
-            exchange.head, exchange.complete = framing, True  # written whole, without a pause
-            await self._send(writer, answer)
-            return
-        bodyless = status in (204, 304) or 100 <= status < 200
-        exchange.head = framing
-        if not framing.chunked and framing.length is not None and not bodyless:
-            exchange.owed = framing.length
-        exchange.complete = bodyless
-        await self._send(writer, framing.head)
-        if not bodyless:
-            await self._relay_body(framing, up_reader, writer, exchange)
+            return await self._answer(request, found, answer, exchange)
+        except aiohttp.ClientError as err:  # Triton went away mid-answer
+            if exchange.response is not None and exchange.response.prepared:
+                raise ConnectionResetError("Triton's answer broke off") from None
+            raise HttpError(502, f"Triton's answer broke off ({err!r})") from None
+        finally:
+            answer.release()  # back to the pool if read to its end, else closed
+
+    async def _answer(
+        self,
+        request: web.BaseRequest,
+        found: Route,
+        answer: aiohttp.ClientResponse,
+        exchange: _Exchange,
+    ) -> web.StreamResponse:
+        headers = with_retry_after(
+            answer.status,
+            {k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP},
+        )
+        length = answer.content_length
+        if answer.status == 400 and found.kind == "generate":
+            return await self._entry_error(answer, headers)
+        exchange.event_stream = answer.content_type == "text/event-stream"
+        if not exchange.event_stream and length is not None and length <= _WHOLE_BODY:
+            data = await answer.read()
+            return web.Response(status=answer.status, body=data, headers=headers)
+        response = web.StreamResponse(status=answer.status, headers=headers)
+        if length is not None:
+            response.content_length = length
+        exchange.response = response
+        await response.prepare(request)
+        ending = b""
+        async for data in answer.content.iter_any():
+            await self._write(response, data)
+            ending = (ending + data)[-2:]
+            exchange.at_event_end = ending == b"\n\n"
+        await response.write_eof()
+        exchange.complete = True
+        return response
 
     async def _entry_error(
-        self, framing: wire.ResponseHead, up_reader: asyncio.StreamReader
-    ) -> bytes:
+        self, answer: aiohttp.ClientResponse, headers: dict[str, str]
+    ) -> web.Response:
         """Triton's 400 to a generate call, with the status the entry model meant.
 
         Triton 2.51 answers 400 whatever the code of a decoupled model's error
-        (wire.ENTRY_SERVER_ERRORS), so the body is read whole, its message decides the status,
-        and it goes out as it came (same content type and bytes), framed by Content-Length.
+        (http_status.ENTRY_SERVER_ERRORS), so the body is read whole, its message decides the
+        status, and it goes out as it came (same content type and bytes).
         """
+        body = bytearray()
         try:
             async with asyncio.timeout(self.config.read_timeout_s):
-                body = await _read_whole(framing, up_reader)
-        except (OSError, ValueError, TimeoutError, asyncio.IncompleteReadError) as err:
-            raise wire.HttpError(502, f"Triton's error answer broke off ({err!r})") from None
-        except asyncio.LimitOverrunError:
-            raise wire.HttpError(502, "Triton's error answer has an overlong line") from None
-        content_type = (
-            "text/event-stream; charset=utf-8" if framing.event_stream else "application/json"
+                while chunk := await answer.content.readany():
+                    body += chunk
+                    if len(body) > _ERROR_BODY_LIMIT:
+                        raise HttpError(502, "Triton's error answer is too long")
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise HttpError(502, f"Triton's error answer broke off ({err!r})") from None
+        status = entry_error_status(bytes(body))
+        return web.Response(
+            status=status, body=bytes(body), headers=with_retry_after(status, headers)
         )
-        return wire.response(wire.entry_error_status(body), body, content_type)
 
-    async def _relay_body(
-        self,
-        framing: wire.ResponseHead,
-        up_reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        exchange: _Exchange,
-    ) -> None:
-        """Copy the response body as it arrives, and stop at its end even if Triton keeps the
-        connection open (framing: chunked, Content-Length, or until Triton closes)."""
-        if framing.chunked:
-            while True:
-                size_line = await up_reader.readuntil(b"\r\n")
-                size = int(size_line.split(b";", 1)[0].strip(), 16)
-                if size == 0:  # last chunk: trailers up to an empty line
-                    tail = size_line
-                    while (line := await up_reader.readuntil(b"\r\n")) != b"\r\n":
-                        tail += line
-                    exchange.complete = True
-                    await self._send(writer, tail + line)
-                    return
-                # The size line goes out with the chunk: one write per event, not two.
-                await self._copy(up_reader, writer, size + 2, size_line, exchange)
-        elif framing.length is not None:
-            await self._copy(up_reader, writer, framing.length, b"", exchange)
-            exchange.complete = True
-        else:
-            while data := await up_reader.read(_CHUNK):
-                await self._send(writer, data)
-
-    async def _copy(
-        self,
-        up_reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        count: int,
-        prefix: bytes,
-        exchange: _Exchange,
-    ) -> None:
-        """Copy `count` bytes; `exchange.owed` says how many are still due once each is sent."""
-        while count > 0:
-            data = await up_reader.read(min(count, _CHUNK))
-            if not data:
-                raise wire.ClientGone  # Triton went away mid-body: nothing sane left to send
-            count -= len(data)
-            exchange.owed = count
-            await self._send(writer, prefix + data)
-            prefix = b""
-
-    async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
-        writer.write(data)
+    async def _write(self, response: web.StreamResponse, data: bytes) -> None:
         async with asyncio.timeout(self.config.read_timeout_s):  # a client that stopped reading
-            await writer.drain()
+            await response.write(data)
 
 
-async def _wait_closed(reader: asyncio.StreamReader) -> None:
-    """Return once the client closes its side (any further input is discarded)."""
-    with contextlib.suppress(OSError):
-        while await reader.read(_CHUNK):
-            pass
-
-
-async def _read_whole(framing: wire.ResponseHead, up_reader: asyncio.StreamReader) -> bytes:
-    """A small body (an error answer), its framing removed; ValueError past 64 KiB."""
-    limit = _ERROR_BODY_LIMIT
-    if framing.length is not None and not framing.chunked:
-        if framing.length > limit:
-            raise ValueError(f"error body of {framing.length} bytes")
-        return await up_reader.readexactly(framing.length)
-    body = b""
-    while framing.chunked:
-        size = int((await up_reader.readuntil(b"\r\n")).split(b";", 1)[0].strip(), 16)
-        if not size:  # last chunk: trailers up to an empty line
-            while await up_reader.readuntil(b"\r\n") != b"\r\n":
-                pass
-            return body
-        body += (await up_reader.readexactly(size + 2))[:-2]
-        if len(body) > limit:
-            raise ValueError(f"error body over {limit} bytes")
-    while data := await up_reader.read(_CHUNK):  # framed by the close
-        body += data
-        if len(body) > limit:
-            raise ValueError(f"error body over {limit} bytes")
-    return body
+def check_infer(request: web.BaseRequest, body: bytes) -> None:
+    """Refuse request parameters named `avspec-*`; Triton's own checks do the rest."""
+    header_length = request.headers.getall("Inference-Header-Content-Length", [])
+    json_part = body
+    if header_length:
+        if len(header_length) != 1 or not header_length[0].isdigit():
+            raise HttpError(400, "invalid Inference-Header-Content-Length")
+        json_part = body[: int(header_length[0])]
+    try:
+        document = parse_json(json_part)
+    except (ValueError, RecursionError) as err:
+        raise HttpError(400, f"inference request header is not valid JSON: {err}") from None
+    parameters = document.get("parameters") if isinstance(document, dict) else None
+    name = reserved_parameter(parameters) if isinstance(parameters, dict) else None
+    if name is not None:
+        raise HttpError(400, f"request parameter {name!r} is reserved for the front")

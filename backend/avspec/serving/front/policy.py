@@ -2,8 +2,9 @@
 reserved names, the caller's identity and the extra readiness check.
 
 Identity (`avspec-client`, the key of per-client fairness): over HTTP the caller's IP alone,
-since every HTTP connection carries one request and its port changes with each; over gRPC the
-peer `ip:port`, since one channel (one connection) is one client program. Clients behind one
+since an HTTP client program spreads its requests over a pool of connections (and opens new
+ones as it likes), each with a port of its own; over gRPC the peer `ip:port`, since one channel
+(one connection) is one client program. Clients behind one
 NAT or proxy therefore share an identity over HTTP, and so share their fair part.
 """
 

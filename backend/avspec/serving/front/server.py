@@ -13,6 +13,7 @@ import contextlib
 import logging
 import threading
 
+from avspec.serving.front import openai, playground
 from avspec.serving.front.config import FrontConfig
 from avspec.serving.front.grpc_relay import GrpcRelay
 from avspec.serving.front.http_relay import HttpRelay
@@ -31,6 +32,8 @@ class Front:
         self.config = config
         self._inflight = InFlight()
         self._http = HttpRelay(config, self._inflight)
+        openai.install(self._http)
+        playground.install(self._http)
         self._grpc = GrpcRelay(config, self._inflight)
         self._metrics = MetricsRelay(config) if config.upstream_metrics is not None else None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -91,7 +94,8 @@ class Front:
         """End every forwarded inference call in progress with `message`; return how many.
 
         HTTP: 503 `{"error": message}` before the response head, else a last SSE event
-        `data: {"error": message}` ending the event stream (the connection closes either way);
+        `data: {"error": message}` ending the event stream (the connection is closed only when
+        the body was cut where no clean end exists; /v1 routes answer OpenAI error objects);
         gRPC ModelInfer / ModelStreamInfer: UNAVAILABLE with the message. Their upstream calls
         are closed, which makes Triton cancel them. Calls that start afterwards are not affected.
         Thread-safe; callable from any thread, the front's own included. 0 when not running.

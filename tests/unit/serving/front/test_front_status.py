@@ -18,7 +18,7 @@ from helpers.front_fakes import ADMIN_KEY, GOOD_BODY, infer_request, raw_exchang
 from tritonclient.grpc import service_pb2
 
 from avspec.engine.admission import AdmissionQueue, Overloaded
-from avspec.serving.front import http_wire
+from avspec.serving.front import http_status
 
 GENERATE = "/v2/models/speculative/generate"
 OVERLOADED = "overloaded: 64 requests queued for this client (limit 64); retry later"
@@ -57,7 +57,7 @@ def test_the_admission_queue_overload_message_is_a_503():
     queue.add("a", 1, free_slots=0)
     with pytest.raises(Overloaded) as err:
         queue.add("b", 2, free_slots=0)
-    assert http_wire.entry_error_status(json.dumps({"error": str(err.value)}).encode()) == 503
+    assert http_status.entry_error_status(json.dumps({"error": str(err.value)}).encode()) == 503
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_the_admission_queue_overload_message_is_a_503():
     [(b"", None), (b"not json", None), (b'{"error": 3}', None), (b'{"error": "x"}', "x")],
 )
 def test_error_message_of_odd_bodies(body, status):
-    assert http_wire.error_message(body) == status
+    assert http_status.error_message(body) == status
 
 
 def test_every_503_the_front_sends_or_relays_says_when_to_retry(front, fake_http, state):
@@ -74,7 +74,9 @@ def test_every_503_the_front_sends_or_relays_says_when_to_retry(front, fake_http
     state["ready"] = False
     answers = {
         "restarting": post(front.http_port, GENERATE, body)[0],
-        "not ready": raw_exchange(front.http_port, "GET /v2/health/ready HTTP/1.1\r\n\r\n"),
+        "not ready": raw_exchange(
+            front.http_port, "GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+        ),
     }
     state["ready"] = True
     answers["relayed"] = post(front.http_port, GENERATE, relayed)[0]
@@ -106,7 +108,7 @@ def test_unknown_model_is_404_and_internal_403_without_a_hint(
         head, answer = post(front.http_port, path, json.dumps(GOOD_BODY).encode())
         assert head.startswith(f"HTTP/1.1 {status} ".encode())
         assert json.loads(answer) == {"error": text}  # nothing on how to open it
-    head = raw_exchange(front.http_port, f"GET /v2/models/{model} HTTP/1.1\r\n\r\n")
+    head = raw_exchange(front.http_port, f"GET /v2/models/{model} HTTP/1.1\r\nHost: x\r\n\r\n")
     assert head.startswith(f"HTTP/1.1 {status} ".encode())
     assert not fake_http.requests
     admin = f"avspec-admin-key: {ADMIN_KEY}\r\n"  # the operator still reaches any model

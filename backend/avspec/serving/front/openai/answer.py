@@ -1,0 +1,170 @@
+"""A Generation answered in OpenAI's shape: one JSON object, or server-sent event chunks.
+
+Streaming follows the OpenAI API: `data: {chunk}` events (a chat stream opens with the
+assistant's role), the last choice chunk carries `finish_reason`, then, with
+`stream_options.include_usage`, a chunk with no choices and the usage, then `data: [DONE]`.
+The stream starts only once the entry accepted the request and sent its first step, so a refusal
+(overloaded, a bad value) is an HTTP status with an OpenAI error object, never a 200. An error
+after that (a stage failed, Front.abort_inference) is a last event `data: {"error": {...}}`,
+without `[DONE]`, which the official client raises as an error.
+
+Every object carries `speculative`: drafted, verified and accepted tokens and decode steps (the
+request's totals; in a stream chunk, those of its step, and `tokens`: each token's text and
+whether it was an accepted draft), as TensorRT-LLM's server reports its decoded tokens per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from avspec.serving.front.inflight import Abortable
+from avspec.serving.front.openai.errors import OpenAIError
+from avspec.serving.front.openai.generation import Generation, Step
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What differs between the routes: object names and where the text goes."""
+
+    prefix: str  # of the response id
+    object: str  # of a whole response
+    chunk_object: str  # of a stream chunk
+    chat: bool  # text in `message` / `delta` (chat) or `text` (completions)
+
+    def choice(self, text: str, finish_reason: str | None) -> dict:
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            return {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+
+    def chunk_choice(self, delta: dict | str, finish_reason: str | None) -> dict:
+        key = "delta" if self.chat else "text"
+        if not self.chat and isinstance(delta, dict):
+            delta = delta.get("content", "")
+        return {"index": 0, key: delta, "logprobs": None, "finish_reason": finish_reason}
+
+
+COMPLETION = Shape("cmpl-", "text_completion", "text_completion", chat=False)
+CHAT = Shape("chatcmpl-", "chat.completion", "chat.completion.chunk", chat=True)
+
+
+class Answer:
+    """Answers one generation on one request; `write_timeout_s` bounds every write."""
+
+    def __init__(
+        self,
+        request: web.BaseRequest,
+        shape: Shape,
+        model: str,
+        generation: Generation,
+        identity: str,
+        call: Abortable | None,
+        write_timeout_s: float,
+    ) -> None:
+        self.request, self.shape, self.model, self.generation = request, shape, model, generation
+        self.identity, self.call, self.write_timeout_s = identity, call, write_timeout_s
+        self.id = shape.prefix + uuid.uuid4().hex
+        self.created = int(time.time())
+        self._stream: web.StreamResponse | None = None
+
+    async def run(self) -> web.StreamResponse:
+        try:
+            if self.generation.sampling.stream:
+                return await self._streamed()
+            return await self._whole()
+        except OpenAIError as err:
+            return await self._fail(err)
+        except asyncio.CancelledError:
+            if self.call is None or not self.call.resume():
+                raise  # the client went away, or the front stops
+            assert self.call.message is not None
+            return await self._fail(OpenAIError(503, self.call.message, code="aborted"))
+
+    def _object(self, object_name: str, choices: list[dict], **extra: object) -> dict:
+        return {
+            "id": self.id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
+
+    async def _whole(self) -> web.StreamResponse:
+        steps = [step async for step in self.generation.steps(self.identity)]
+        text = "".join(step.text for step in steps)
+        body = self._object(
+            self.shape.object,
+            [self.shape.choice(text, self.generation.finish_reason)],
+            usage=await self.generation.usage(),
+            speculative=self.generation.figures.as_dict(),
+        )
+        return web.json_response(body)
+
+    async def _streamed(self) -> web.StreamResponse:
+        steps = self.generation.steps(self.identity)
+        try:
+            first = await anext(steps, None)  # a refusal of the entry raises here: a status
+            self._stream = web.StreamResponse(
+                headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+            )
+            await self._stream.prepare(self.request)
+            if self.shape.chat:
+                await self._chunk(
+                    [self.shape.chunk_choice({"role": "assistant", "content": ""}, None)]
+                )
+            if first is not None:
+                await self._send_step(first)
+            async for step in steps:
+                await self._send_step(step)
+        finally:
+            await steps.aclose()
+        final = {} if self.shape.chat else ""
+        await self._chunk([self.shape.chunk_choice(final, self.generation.finish_reason)])
+        if self.generation.sampling.include_usage:
+            usage = await self.generation.usage()
+            speculative = self.generation.figures.as_dict()
+            await self._event(
+                self._object(self.shape.chunk_object, [], usage=usage, speculative=speculative)
+            )
+        await self._write(b"data: [DONE]\n\n")
+        await self._stream.write_eof()
+        return self._stream
+
+    async def _send_step(self, step: Step) -> None:
+        tokens = [{"text": piece.text, "draft": piece.draft} for piece in step.pieces]
+        speculative = {**step.figures.as_dict(), "tokens": tokens}
+        choice = self.shape.chunk_choice({"content": step.text}, None)
+        await self._chunk([choice], speculative=speculative)
+
+    async def _chunk(self, choices: list[dict], **extra: object) -> None:
+        if self.generation.sampling.include_usage:
+            extra = {"usage": None, **extra}
+        await self._event(self._object(self.shape.chunk_object, choices, **extra))
+
+    async def _event(self, payload: dict) -> None:
+        await self._write(b"data: " + json.dumps(payload, ensure_ascii=False).encode() + b"\n\n")
+
+    async def _write(self, data: bytes) -> None:
+        assert self._stream is not None
+        async with asyncio.timeout(self.write_timeout_s):  # a client that stopped reading
+            await self._stream.write(data)
+
+    async def _fail(self, error: OpenAIError) -> web.StreamResponse:
+        """The error as a status before the stream started, as a last event after."""
+        if self._stream is None or not self._stream.prepared:
+            return error.response()
+        await self._event(error.body())
+        await self._stream.write_eof()
+        return self._stream

@@ -1,0 +1,15 @@
+"""`GET /v1/models`: the public models, as the OpenAI API lists models."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from avspec.serving.front.openai.context import Context
+
+
+async def list_models(context: Context) -> web.Response:
+    data = [
+        {"id": name, "object": "model", "created": context.created, "owned_by": "avspec"}
+        for name in context.config.public_models
+    ]
+    return web.json_response({"object": "list", "data": data})
