@@ -21,10 +21,8 @@ to load; the exposure is the same.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -34,8 +32,8 @@ from pathlib import Path
 from types import TracebackType
 
 from avspec.serving.cleanup import clean_leftovers, remove_regions, shm_prefix
-from avspec.serving.exposure import triton_flags
 from avspec.serving.front import Front, FrontConfig, generate_schema_from_config
+from avspec.serving.process_group import kill_group, signals_held, terminate
 from avspec.serving.requests import served_tokenizer_dir
 from avspec.serving.sandbox import (
     ServerUser,
@@ -52,9 +50,8 @@ from avspec.serving.served_models import (
 from avspec.serving.server_files import grant_writable, server_files, unreadable
 from avspec.serving.supervisor import StageSupervisor
 from avspec.serving.triton_api import TritonAPI, TritonAPIError
+from avspec.serving.triton_command import GRPC_SOCKET_PORT, TritonCommand
 from avspec.serving.triton_env import BACKEND_SOURCE_DIR, TritonInstall, prepare_backend_directory
-
-_GRPC_SOCKET_PORT = 1  # Triton names its gRPC socket "<address>:<port>"; otherwise unused
 
 
 class ServerError(RuntimeError):
@@ -180,12 +177,12 @@ class ServerProcess:
     @property
     def http_socket(self) -> Path:
         """tritonserver's own HTTP endpoint, a Unix socket only the server's user may open."""
-        return self._run_path() / "http.sock"
+        return self._run_path() / "http.sock"  # as TritonCommand.http_socket
 
     @property
     def grpc_socket(self) -> Path:
         """tritonserver's own gRPC endpoint (Triton appends the port to the address given)."""
-        return self._run_path() / f"grpc:{_GRPC_SOCKET_PORT}"
+        return self._run_path() / f"grpc:{GRPC_SOCKET_PORT}"  # as TritonCommand.grpc_socket
 
     @property
     def triton_api(self) -> TritonAPI:
@@ -199,31 +196,19 @@ class ServerProcess:
 
     def command(self, backend_directory: Path | None) -> list[str]:
         """Return the tritonserver command line (no `--backend-directory` for None)."""
-        if self.load_models is None:
-            loads = ["--load-model=*"]
-        else:
-            loads = [f"--load-model={model}" for model in self.load_models]
-        return [
-            str(self.triton.binary),
-            *(f"--model-repository={r}" for r in self.model_repositories),
-            *([f"--backend-directory={backend_directory}"] if backend_directory else []),
-            *([f"--model-config-name={self.model_config_name}"] if self.model_config_name else []),
-            "--model-control-mode=explicit",
-            *loads,
-            "--disable-auto-complete-config",  # config.pbtxt is complete; saves a stub per model
-            f"--http-address=unix:{self.http_socket}",
-            "--http-port=1",  # unused for a Unix socket, but must be valid
-            f"--grpc-address=unix:{self.grpc_socket.parent / 'grpc'}",
-            f"--grpc-port={_GRPC_SOCKET_PORT}",
-            *triton_flags(),
-            "--allow-metrics=true",
-            "--metrics-address=127.0.0.1",
-            f"--metrics-port={self.internal_metrics_port}",
+        return TritonCommand(
+            binary=self.triton.binary,
+            repositories=self.model_repositories,
+            run_dir=self._run_path(),
+            metrics_port=self.internal_metrics_port,
             # regions named after this launcher, so the next start can tell its leftovers
-            f"--backend-config=python,shm-region-prefix-name={shm_prefix(os.getpid())}",
-            f"--exit-timeout-secs={self.exit_timeout_s}",
-            f"--log-verbose={self.log_verbose}",
-        ]
+            shm_region_prefix=shm_prefix(os.getpid()),
+            exit_timeout_s=self.exit_timeout_s,
+            log_verbose=self.log_verbose,
+            backend_directory=backend_directory,
+            model_config_name=self.model_config_name,
+            load_models=self.load_models,
+        ).argv()
 
     def start(self) -> ServerProcess:
         """Start the server and wait until every model is ready."""
@@ -407,7 +392,7 @@ class ServerProcess:
             self.supervisor = None
         process, self.process = self.process, None
         if process is not None:
-            self._kill_group(process.pid)
+            kill_group(process.pid)
             process.wait()
             # a private /dev/shm vanished with it; in the host's, its regions are removed here
             remove_regions(shm_prefix(os.getpid()))
@@ -450,62 +435,37 @@ class ServerProcess:
         """Stop the server (SIGTERM, then SIGKILL to its process group); return its exit code.
 
         Always ends with SIGKILL to the whole process group (the stubs too), even when the
-        graceful wait is cut short. Called in the main thread, it holds SIGINT/SIGTERM for its
-        duration: the first is noted, the next kills the group at once (ending the wait). A
-        handler that raised here would abandon the stop half-way, leaving the server serving.
+        graceful wait is cut short; SIGINT/SIGTERM are held meanwhile (avspec.serving.
+        process_group: the first is noted, the next kills the group at once).
         """
         process: subprocess.Popen | None = None
         code = None
-        noted: list[str] = []
 
-        def say(text: str) -> None:
-            # os.write, not print: a handler may run in the middle of a print to stderr
-            with contextlib.suppress(OSError):
-                os.write(2, f"avspec: {text}\n".encode())
-
-        def note(signum: int, frame: object) -> None:
-            noted.append(signal.Signals(signum).name)
-            if len(noted) == 1:
-                say(f"{noted[-1]} while stopping: noted; one more kills the server at once")
-            elif process is not None:
-                say(f"{noted[-1]} while stopping: killing the server's process group")
-                self._kill_group(process.pid)
-
-        previous = {}
-        with contextlib.suppress(ValueError):  # not the main thread: no handler runs here anyway
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                previous[signum] = signal.signal(signum, note)
-        try:
-            # taken first thing in the try: whatever fails below, `finally` kills its group (a
-            # signal raising before the try leaves self.process set, for the next stop())
-            process, self.process = self.process, None
-            for part in (self.front, self.supervisor):
-                if part is not None:
-                    part.stop()
-            self.front = self.supervisor = None
+        def kill_now() -> None:
             if process is not None:
-                code = process.poll()
-                if code is None:
-                    process.send_signal(signal.SIGTERM)
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        code = process.wait(timeout=self.exit_timeout_s + 10)
-        finally:
-            if process is not None:
-                self._kill_group(process.pid)
-                if code is None:
-                    code = process.wait()
-            if self.run_dir is not None:
-                shutil.rmtree(self.run_dir, ignore_errors=True)
-                self.run_dir = None
-            self._serving = False
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+                kill_group(process.pid)
+
+        with signals_held(kill_now):
+            try:
+                # taken first thing in the try: whatever fails below, `finally` kills its group
+                # (a signal raising before the try leaves self.process set, for the next stop())
+                process, self.process = self.process, None
+                for part in (self.front, self.supervisor):
+                    if part is not None:
+                        part.stop()
+                self.front = self.supervisor = None
+                if process is not None:
+                    code = terminate(process, self.exit_timeout_s + 10)
+            finally:
+                if process is not None:
+                    kill_group(process.pid)
+                    if code is None:
+                        code = process.wait()
+                if self.run_dir is not None:
+                    shutil.rmtree(self.run_dir, ignore_errors=True)
+                    self.run_dir = None
+                self._serving = False
         return code
-
-    @staticmethod
-    def _kill_group(pgid: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
 
     def __enter__(self) -> ServerProcess:
         return self.start()
