@@ -222,11 +222,11 @@ def client_loop(
             spec = draw_request(rng, mix)
             try:
                 outcome = send(spec, endpoints, stream, f"soak-{index}-{n}", request_timeout)
-            except RequestFailed as err:
-                tally.add(spec.protocol, "failed", str(err))
-                time.sleep(FAILURE_PAUSE_S)
             except Exception as err:  # noqa: BLE001 - network errors etc.: counted, loop goes on
-                tally.add(spec.protocol, "failed", f"{type(err).__name__}: {err}")
+                message = (
+                    str(err) if isinstance(err, RequestFailed) else f"{type(err).__name__}: {err}"
+                )
+                tally.add(spec.protocol, "failed", message)
                 time.sleep(FAILURE_PAUSE_S)
             else:
                 tally.add(spec.protocol, outcome)
