@@ -14,16 +14,22 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 
 import grpc
+import openai
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from avspec.serving.front import FrontConfig
+from avspec.serving.front import Front, FrontConfig
 
 ADMIN_KEY = "operator-key-456"
 INTERNAL_MODELS = ("draft", "verifier", "target", "speculative_step")
 MAX_BODY = 64 << 10
 GOOD_BODY = {"text_input": "hello", "max_tokens": 8}
+IDENTITY = {"avspec-client": "127.0.0.1"}  # the identity field the front adds for a local client
 STALL_LIMIT_S = 10.0  # a stalled fake answer gives up after this long
 SLOW_S = 4.0  # how long a "slow" stream request takes to be answered
+# The `capped` front (tests/unit/serving/front/conftest.py): small caps keep the limit tests fast.
+CAP = 4  # streams / connections per address
+IDLE_S = 1.5  # the limit for a stream that has sent nothing
+USED_IDLE_S = 2 * IDLE_S  # the idle limit after an answer
 
 
 @dataclass
@@ -355,6 +361,20 @@ def raw_exchange(port: int, head: str, body: bytes = b"") -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(head.encode("latin-1") + body)
         return read_reply(sock)
+
+
+def post(port: int, path: str, body: bytes, headers: str = "") -> tuple[bytes, bytes]:
+    """(head, body) of the front's answer to one POST."""
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{headers}\r\n"
+    reply = raw_exchange(port, head, body)
+    answer_head, _, answer_body = reply.partition(b"\r\n\r\n")
+    return answer_head, answer_body
+
+
+def official_client(front: Front) -> openai.OpenAI:
+    """The official client on `front`'s /v1 (no retries: each call is one request)."""
+    url = f"http://127.0.0.1:{front.http_port}/v1"
+    return openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
 
 
 def infer_request(model: str = "speculative", request_id: str = "1", **kwargs):

@@ -5,7 +5,8 @@ answers 400 to every error a decoupled model sends over /generate, whatever its 
 for the entry's UNAVAILABLE "overloaded" and INTERNAL "generation failed"), so clients took it
 for their own mistake; a lone surrogate escape got 500 from Triton's JSON parser; a typo in a
 model name got 403 "internal ... admin key". The front's own mapping, one case at a time against
-a fake upstream: tests/unit/serving/front/test_front_status.py.
+a fake upstream: tests/unit/serving/front/test_http_status.py, test_http_routes.py and
+test_schema.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Python objects or mutate what it is given, and `trim_blocks` / `lstrip_blocks`, 
 not escape HTML, `raise_exception` and `strftime_now` make the same templates render the same
 text. The variables are `messages`, `add_generation_prompt`, `tools` and `documents` (None), and
 the special tokens of the tokenizer config (`bos_token`, `eos_token`, ...), as transformers'
-`special_tokens_map` passes them. tests/unit/serving/front/test_openai_chat_template.py compares
+`special_tokens_map` passes them. tests/unit/serving/front/openai/test_chat_template.py compares
 the text with `apply_chat_template` of transformers for real templates.
 """
 

@@ -1,4 +1,5 @@
-"""Idle streams and connections from one address lock no one else out (issue 20, finding 4).
+"""front.limits: idle streams and connections from one address lock no one else out (issue 20,
+finding 4).
 
 Before: the front's gRPC server had `maximum_concurrent_rpcs=max_connections`, so 1,024
 `ModelStreamInfer` calls that never sent a message filled it and every new call, `ServerLive`
@@ -6,9 +7,9 @@ included, got RESOURCE_EXHAUSTED for as long as they were held; over HTTP 1,024 
 from one address made every other client's health check a 503. Now each IP address holds at most
 `max_per_address` streams (HTTP: connections), the total is counted in the front's handlers,
 health calls take no slot, and a stream that sends nothing within
-`stream_first_request_timeout_s` is ended (one that was used gets the longer
-`stream_idle_timeout_s` after each answer). Small caps keep these tests fast; the "other address" is
-127.0.0.2, reached through a forwarder (helpers.front_fakes.SourceProxy).
+`stream_first_request_timeout_s` is ended (the idle limits alone: test_grpc_relay.py). Small caps
+keep these tests fast (the `capped` front of conftest.py); the "other address" is 127.0.0.2,
+reached through a forwarder (helpers.front_fakes.SourceProxy).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import time
 import grpc
 import pytest
 from helpers.front_fakes import (
+    CAP,
     GOOD_BODY,
-    SLOW_S,
+    IDLE_S,
     SourceProxy,
     front_config,
     infer_request,
@@ -33,25 +35,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from avspec.serving.front import Front
 from avspec.serving.front.limits import Full, Slots
 
-CAP = 4  # streams / connections per address
-IDLE_S = 1.5  # the limit for a stream that has sent nothing
-USED_IDLE_S = 2 * IDLE_S  # the idle limit after an answer
 PROMPT_S = 5.0  # how soon a health or inference call must succeed while others hold streams
 OTHER = "127.0.0.2"
-
-
-@pytest.fixture
-def capped(fake_http, fake_grpc):
-    config = front_config(
-        fake_http,
-        fake_grpc,
-        max_per_address=CAP,
-        max_connections=3 * CAP,
-        stream_first_request_timeout_s=IDLE_S,
-        stream_idle_timeout_s=USED_IDLE_S,
-    )
-    with Front(config) as running:
-        yield running
 
 
 @pytest.fixture
@@ -165,52 +150,6 @@ def test_total_cap_is_counted_in_the_handlers_and_spares_health(fake_http, fake_
             asyncio.run(scenario(front, f"127.0.0.1:{proxy.port}"))
         finally:
             proxy.close()
-
-
-def test_a_stream_waiting_on_a_long_generation_is_not_idle(capped, fake_grpc):
-    async def scenario() -> None:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{capped.grpc_port}") as channel:
-            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
-            started = time.monotonic()
-            await call.write(infer_request(request_id="slow"))  # answered after SLOW_S
-            response = await call.read()
-            answered = time.monotonic() - started
-            assert response.infer_response.id == "slow" and answered >= SLOW_S > 2 * IDLE_S
-            code = await asyncio.wait_for(call.code(), 3 * USED_IDLE_S)  # idle, then ended
-            assert code == grpc.StatusCode.UNAVAILABLE
-            assert time.monotonic() - started >= answered + USED_IDLE_S
-
-    asyncio.run(scenario())
-
-
-def test_a_used_stream_may_rest_longer_than_a_fresh_one(capped, fake_grpc):
-    """A client that keeps one stream between bursts is not cut off at the fresh-stream limit
-    (the soak's loops alternate gRPC with HTTP requests and were, at 30 s for every stream)."""
-
-    async def scenario() -> None:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{capped.grpc_port}") as channel:
-            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
-            await call.write(infer_request(request_id="first"))
-            assert (await call.read()).infer_response.id == "first"
-            await asyncio.sleep(1.3 * IDLE_S)  # past the fresh limit, within the used one
-            await call.write(infer_request(request_id="second"))
-            assert (await call.read()).infer_response.id == "second"
-            call.cancel()
-
-    asyncio.run(scenario())
-
-
-def test_a_streaming_generation_is_not_idle(capped, fake_grpc):
-    async def scenario() -> None:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{capped.grpc_port}") as channel:
-            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
-            await call.write(infer_request(request_id="endless"))  # never a final response
-            deadline = time.monotonic() + 3 * IDLE_S
-            while time.monotonic() < deadline:
-                assert (await call.read()).infer_response.id == "endless"
-            call.cancel()
-
-    asyncio.run(scenario())
 
 
 def idle_connection(port: int, source: str = "127.0.0.1") -> socket.socket:

@@ -1,4 +1,5 @@
-"""The chat template renders the text transformers' `apply_chat_template` renders, sandboxed."""
+"""front.openai.chat_template: the pair's chat template renders the text transformers'
+`apply_chat_template` renders, sandboxed."""
 
 from __future__ import annotations
 

@@ -1,7 +1,18 @@
-"""The front's gRPC relay against a fake Triton: routing, metadata, identity, streaming."""
+"""front.grpc_relay against a fake Triton: routing, metadata, identity, streaming, unknown and
+internal models, and idle streams ended.
+
+Before (issue 20, finding 6): a typo in a model name was refused as "internal ... admin key";
+now an unknown model is NOT_FOUND, an internal one PERMISSION_DENIED with no hint on opening it.
+Before (issue 20, finding 4): a `ModelStreamInfer` call that never sent a message held its slot
+for as long as its client liked; now a stream that sends nothing within
+`stream_first_request_timeout_s` is ended, one that was used gets the longer
+`stream_idle_timeout_s` after each answer, and one waiting on a generation is not idle (on the
+`capped` front of conftest.py, whose short limits keep these tests fast).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -9,8 +20,8 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from helpers.front_fakes import ADMIN_KEY, MAX_BODY, infer_request
-from tritonclient.grpc import service_pb2
+from helpers.front_fakes import ADMIN_KEY, IDLE_S, MAX_BODY, SLOW_S, USED_IDLE_S, infer_request
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 PREFIX = "triton-grpc-protocol-"
 
@@ -154,3 +165,75 @@ def test_grpc_admin_key_sent_under_both_names_counts_once(stub, fake_grpc):
     stub.RepositoryIndex(service_pb2.RepositoryIndexRequest(), metadata=metadata)
     ((_, seen),) = fake_grpc.calls  # authorised once, and neither name goes upstream
     assert [key for key in seen if "avspec" in key] == ["avspec-client"]
+
+
+@pytest.mark.parametrize(
+    ("model", "code", "text"),
+    [
+        ("specultive", grpc.StatusCode.NOT_FOUND, "unknown model 'specultive'"),
+        ("draft", grpc.StatusCode.PERMISSION_DENIED, "model 'draft' is internal"),
+    ],
+)
+def test_grpc_unknown_model_is_not_found_and_internal_permission_denied(
+    stub, fake_grpc, model, code, text
+):
+    calls = (
+        lambda: stub.ModelInfer(infer_request(model)),
+        lambda: stub.ModelMetadata(service_pb2.ModelMetadataRequest(name=model)),
+        lambda: list(stub.ModelStreamInfer(iter([infer_request(model)]))),
+    )
+    for call in calls:
+        with pytest.raises(grpc.RpcError) as err:
+            call()
+        assert err.value.code() == code and err.value.details().startswith(text)
+        assert "admin" not in err.value.details()
+    # (a stream's upstream call opens with the stream; the refused request never went on it)
+    assert [name for name, _ in fake_grpc.calls if name != "ModelStreamInfer"] == []
+    admin = (("avspec-admin-key", ADMIN_KEY),)
+    assert stub.ModelInfer(infer_request(model), metadata=admin).model_name == model
+
+
+def test_a_stream_waiting_on_a_long_generation_is_not_idle(capped, fake_grpc):
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{capped.grpc_port}") as channel:
+            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+            started = time.monotonic()
+            await call.write(infer_request(request_id="slow"))  # answered after SLOW_S
+            response = await call.read()
+            answered = time.monotonic() - started
+            assert response.infer_response.id == "slow" and answered >= SLOW_S > 2 * IDLE_S
+            code = await asyncio.wait_for(call.code(), 3 * USED_IDLE_S)  # idle, then ended
+            assert code == grpc.StatusCode.UNAVAILABLE
+            assert time.monotonic() - started >= answered + USED_IDLE_S
+
+    asyncio.run(scenario())
+
+
+def test_a_used_stream_may_rest_longer_than_a_fresh_one(capped, fake_grpc):
+    """A client that keeps one stream between bursts is not cut off at the fresh-stream limit
+    (the soak's loops alternate gRPC with HTTP requests and were, at 30 s for every stream)."""
+
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{capped.grpc_port}") as channel:
+            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+            await call.write(infer_request(request_id="first"))
+            assert (await call.read()).infer_response.id == "first"
+            await asyncio.sleep(1.3 * IDLE_S)  # past the fresh limit, within the used one
+            await call.write(infer_request(request_id="second"))
+            assert (await call.read()).infer_response.id == "second"
+            call.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_a_streaming_generation_is_not_idle(capped, fake_grpc):
+    async def scenario() -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{capped.grpc_port}") as channel:
+            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+            await call.write(infer_request(request_id="endless"))  # never a final response
+            deadline = time.monotonic() + 3 * IDLE_S
+            while time.monotonic() < deadline:
+                assert (await call.read()).infer_response.id == "endless"
+            call.cancel()
+
+    asyncio.run(scenario())

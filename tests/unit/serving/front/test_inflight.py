@@ -1,4 +1,5 @@
-"""Front.abort_inference: every forwarded inference call in flight ends at once, with an error.
+"""front.inflight, through Front.abort_inference: every forwarded inference call in flight ends at
+once, with an error, on both relays.
 
 Triton 2.51 never answers the in-flight decoupled requests of a model whose stub died; the
 launcher then calls abort_inference so that clients get an error instead of a hung stream.

@@ -1,4 +1,5 @@
-"""StopText: text token by token, cut right before the first stop string, held back meanwhile."""
+"""front.openai.stop_text: text token by token, cut right before the first stop string, held back
+meanwhile."""
 
 from __future__ import annotations
 
