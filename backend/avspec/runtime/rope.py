@@ -144,8 +144,19 @@ class Rotary(nn.Module):
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """x: [..., seq, heads, head_dim] with `positions` [seq] or x: [tokens, heads, head_dim]
         with `positions` [tokens]."""
-        cos = self.cos[positions].unsqueeze(-2).to(x.dtype)  # (..., 1, head_dim / 2)
-        sin = self.sin[positions].unsqueeze(-2).to(x.dtype)
+        return self.rotate(x, self.angles(positions, x.dtype))
+
+    def angles(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(cos, sin) at `positions` [n] in `dtype`, each [n, 1, head_dim / 2]: looked up once
+        per step, used by every layer's `rotate`."""
+        return (
+            self.cos[positions].unsqueeze(-2).to(dtype),
+            self.sin[positions].unsqueeze(-2).to(dtype),
+        )
+
+    def rotate(self, x: Tensor, angles: tuple[Tensor, Tensor]) -> Tensor:
+        """x: [..., n, heads, head_dim] turned by `angles` (from `angles`, for those n)."""
+        cos, sin = angles
         if self.style == "half":
             x1, x2 = x.chunk(2, dim=-1)
             return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -8,7 +8,10 @@ Two entry points share the weights:
   one-token decode and multi-token verification mix in one call.
 
 Rotary position embeddings (`avspec.runtime.rope`) make a token's position its index in its
-own sequence's cache, so sequences of a batch need no shared offsets.
+own sequence's cache, so sequences of a batch need no shared offsets. The cached path attends
+with `avspec.runtime.attention.grouped_attention` (batched products, not torch's fused kernel,
+which is slow on the CPU for a few queries, in bfloat16 most); its rotary angles are looked up
+once per step, and q and k are turned in one rotation.
 
 One `TransformerConfig` covers two families. Its defaults are the project's own byte-level
 GPT: RMSNorm (torch's default epsilon), one fused q/k/v projection, GELU MLP of width 4 x width,
@@ -24,7 +27,9 @@ Parameter names: `embed.weight`, `blocks.<i>.attn_norm.weight`, `blocks.<i>.qkv.
 q heads, then k heads, then v heads; `.bias` with `qkv_bias`), `blocks.<i>.attn_out.weight`
 (`.bias` with `out_bias`), `blocks.<i>.mlp_norm.weight`, `blocks.<i>.mlp_in.weight` (GELU: the
 hidden layer; SwiGLU: gate rows then up rows), `blocks.<i>.mlp_out.weight` (`.bias` on both
-MLP layers with `mlp_bias`), `final_norm.weight`, `lm_head.weight` when untied.
+MLP layers with `mlp_bias`), `final_norm.weight`, `lm_head.weight` when untied. Served in int8
+or int4 (`avspec.runtime.quantized.quantize_model`) the four projections of each block and the
+output matrix are replaced by quantized layers (a tied model then gets an int8 `lm_head`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from avspec.checks import check_shape
+from avspec.runtime.attention import grouped_attention, mask_bias
 from avspec.runtime.kv_cache import KVCache
 from avspec.runtime.rope import ROPE_STYLES, RopeScaling, Rotary
 
@@ -174,17 +180,17 @@ class Block(nn.Module):
         return self.num_kv_heads != self.num_heads
 
     def project(
-        self, x: Tensor, positions: Tensor, rotary: Rotary
+        self, x: Tensor, rotary: Rotary, angles: tuple[Tensor, Tensor]
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """x: [..., width] -> rotated q [..., heads, head_dim], rotated k and v
-        [..., kv_heads, head_dim]."""
-        qkv = self.qkv(self.attn_norm(x))
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = qkv.split((q_size, kv_size, kv_size), dim=-1)
-        q = q.unflatten(-1, (self.num_heads, self.head_dim))
-        k = k.unflatten(-1, (self.num_kv_heads, self.head_dim))
-        v = v.unflatten(-1, (self.num_kv_heads, self.head_dim))
-        return rotary(q, positions), rotary(k, positions), v
+        """x: [..., n, width] -> rotated q [..., n, heads, head_dim], rotated k and v
+        [..., n, kv_heads, head_dim]; `angles`: `rotary.angles` of the n positions.
+
+        q and k heads are adjacent rows of the fused projection: one rotation turns both.
+        """
+        qkv = self.qkv(self.attn_norm(x)).unflatten(-1, (-1, self.head_dim))
+        qk, v = qkv.split((self.num_heads + self.num_kv_heads, self.num_kv_heads), dim=-2)
+        q, k = rotary.rotate(qk, angles).split((self.num_heads, self.num_kv_heads), dim=-2)
+        return q, k, v
 
     def mlp(self, x: Tensor) -> Tensor:
         h = self.mlp_in(self.mlp_norm(x))
@@ -197,8 +203,8 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor, rotary: Rotary) -> Tensor:
         """x: [batch, seq, width], positions 0..seq-1, causal."""
-        positions = torch.arange(x.shape[1], device=x.device)
-        q, k, v = self.project(x, positions, rotary)  # (batch, seq, heads, head_dim)
+        angles = rotary.angles(torch.arange(x.shape[1], device=x.device), x.dtype)
+        q, k, v = self.project(x, rotary, angles)  # (batch, seq, heads, head_dim)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (batch, heads, seq, head_dim)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.grouped)
         att = att.transpose(1, 2).flatten(-2)  # (batch, seq, heads * head_dim)
@@ -265,7 +271,8 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def logits(self, x: Tensor) -> Tensor:
-        """x: [..., width] -> [..., vocab] through the output matrix (tied: the embedding)."""
+        """x: [..., width] -> [..., vocab] through the output matrix (tied: the embedding,
+        unless quantization gave the model its own `lm_head`)."""
         if self.lm_head is None:
             return self.final_norm(x) @ self.embed.weight.t()
         return self.lm_head(self.final_norm(x))
@@ -337,30 +344,33 @@ class Transformer(nn.Module):
         slots, starts = cache.reserve(seq_ids, lengths)
         index = _RaggedIndex(slots, starts, lengths, input_ids.device)
         x = self.embed(input_ids)  # (tokens, width)
+        angles = self.rotary.angles(index.positions, x.dtype)
         for layer, block in enumerate(self.blocks):
             # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim)
-            q, k, v = block.project(x, index.positions, self.rotary)
+            q, k, v = block.project(x, self.rotary, angles)
             cache.write(layer, index.token_slots, index.positions, k, v)
             keys, values = cache.read(layer, index.slots, index.key_length)
             # keys, values: (batch, kv_heads, key_length, head_dim), in the model's dtype
             keys, values = keys.to(q.dtype), values.to(q.dtype)
-            q_pad = q.new_zeros(len(slots), index.query_length, *q.shape[1:])
-            q_pad[index.token_rows, index.token_cols] = q  # (batch, query_length, heads, head_dim)
-            att = F.scaled_dot_product_attention(
-                q_pad.transpose(1, 2), keys, values, attn_mask=index.mask, enable_gqa=block.grouped
-            )  # (batch, heads, query_length, head_dim)
-            att = att.transpose(1, 2)[index.token_rows, index.token_cols]  # (tokens, heads, hd)
-            x = block.mlp(x + block.attn_out(att.flatten(-2)))  # (tokens, width)
+            att = grouped_attention(index.pad(q), keys, values, index.bias)
+            x = block.mlp(x + block.attn_out(index.unpad(att).flatten(-2)))  # (tokens, width)
         cache.advance(seq_ids, lengths)
         return self.logits(x)
 
 
 class _RaggedIndex:
-    """Host-built index tensors mapping a packed ragged batch to padded attention tiles."""
+    """Host-built index tensors mapping a packed ragged batch to padded attention tiles.
+
+    When every sequence brings the same number of tokens (decoding, or verifying one draft
+    length) the packed tokens already are the tile, row after row: `pad` and `unpad` reshape
+    instead of scattering into zeros and gathering back.
+    """
 
     def __init__(
         self, slots: list[int], starts: list[int], lengths: list[int], device: torch.device
     ) -> None:
+        self.batch = len(lengths)
+        self.uniform = min(lengths) == max(lengths)
         rows = [b for b, n in enumerate(lengths) for _ in range(n)]
         cols = [j for n in lengths for j in range(n)]
         positions = [starts[b] + j for b, j in zip(rows, cols, strict=True)]
@@ -379,8 +389,22 @@ class _RaggedIndex:
         # the same prefix plus stale keys (finite, never NaN) and are dropped afterwards.
         query_pos = as_tensor(starts)[:, None] + torch.arange(self.query_length, device=device)
         key_pos = torch.arange(self.key_length, device=device)
-        # (batch, 1, query_length, key_length): broadcast over heads
-        self.mask = (key_pos[None, None, :] <= query_pos[:, :, None]).unsqueeze(1)
+        # (batch, 1, 1, query_length, key_length): broadcast over heads
+        self.bias = mask_bias(key_pos[None, None, :] <= query_pos[:, :, None])
+
+    def pad(self, packed: Tensor) -> Tensor:
+        """[tokens, ...] -> [batch, query_length, ...], padding columns zero."""
+        if self.uniform:
+            return packed.view(self.batch, self.query_length, *packed.shape[1:])
+        tile = packed.new_zeros(self.batch, self.query_length, *packed.shape[1:])
+        tile[self.token_rows, self.token_cols] = packed
+        return tile
+
+    def unpad(self, tile: Tensor) -> Tensor:
+        """[batch, query_length, ...] -> [tokens, ...], the inverse of `pad`."""
+        if self.uniform:
+            return tile.reshape(-1, *tile.shape[2:])
+        return tile[self.token_rows, self.token_cols]
 
 
 def init_weights(model: Transformer, generator: torch.Generator) -> None:

@@ -37,7 +37,7 @@ from avspec.contract import VerifierInputs, base_tokens
 from avspec.engine.draft_stage import DraftStage
 from avspec.engine.stage import ModelStage
 from avspec.engine.target_stage import TargetStage
-from avspec.runtime.model_dir import load_model
+from avspec.runtime.precision import load_served_model
 from avspec.serving.repository import (
     StageParams,
     VerifierParams,
@@ -128,10 +128,10 @@ class StageAdapter(ABC):
     stage_class: ClassVar[type[ModelStage]]
 
     def __init__(self, params: StageParams, root: Path) -> None:
-        model = load_model(
+        model = load_served_model(
             resolve_path(root, params.model_dir),
             params.device,
-            dtype=getattr(torch, params.dtype),
+            params.dtype,
             max_length=params.max_length,
         )
         cache = model.new_cache(params.max_sequences, params.max_length, params.device)

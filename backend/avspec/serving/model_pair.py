@@ -23,6 +23,7 @@ from avspec.runtime.hf_checkpoint import read_hf_config
 from avspec.runtime.hf_tokenizer import TOKENIZER_FILE
 from avspec.runtime.model_dir import CONFIG_FILE, check_model_dir, load_tokenizer
 from avspec.runtime.pair import PairInfo, check_pair
+from avspec.runtime.precision import resolve_precision
 from avspec.runtime.transformer import Transformer, TransformerConfig
 from avspec.serving.repository import (
     EntryParams,
@@ -186,15 +187,15 @@ def _summary(
 ) -> ModelSummary:
     with torch.device("meta"):  # shapes only: nothing allocated or initialised
         num_parameters = Transformer(config).num_parameters()
-    dtype = getattr(torch, stage.dtype)
+    precision = resolve_precision(stage.dtype, stage.device)
     return ModelSummary(
         role=role,
         directory=directory,
         architecture=architecture,
-        dtype=stage.dtype,
+        dtype=str(precision),
         num_parameters=num_parameters,
         max_position_embeddings=max_positions,
-        kv_bytes_per_token=config.kv_values_per_token * dtype.itemsize,
+        kv_bytes_per_token=config.kv_values_per_token * precision.dtype.itemsize,
         max_sequences=stage.max_sequences,
         max_length=max_length,
     )

@@ -68,10 +68,11 @@ STEP_OUTPUT_DTYPES: dict[str, type] = {
 }
 
 
-# Serving dtypes a stage may ask for, by device kind (fp16 matmuls are slow or missing on CPU).
+# Serving dtypes a stage may ask for, by device kind (fp16 matmuls are slow or missing on CPU;
+# int8/int4 weights run on torch's CPU kernels): avspec.runtime.precision says what each means.
 SERVING_DTYPES: dict[str, tuple[str, ...]] = {
-    "cpu": ("float32", "bfloat16"),
-    "cuda": ("float32", "float16", "bfloat16"),
+    "cpu": ("float32", "bfloat16", "auto", "int8", "int4"),
+    "cuda": ("float32", "float16", "bfloat16", "auto"),
 }
 
 

@@ -1,0 +1,237 @@
+"""Weight-only int8 and int4 linear layers for the CPU, and quantizing a loaded model in place.
+
+Why: a step over a few rows streams every weight from memory once and does little arithmetic
+on it, so its time is the weights' bytes over the memory bandwidth (SmolLM2-135M: 270 MB in
+bfloat16, about 25 ms on one thread here). Stored in 8 or 4 bits the same step streams a half
+or a quarter of that. torch's CPU kernels multiply activations by such weights directly:
+`torch._weight_int8pack_mm` (int8 weights, one scale per output channel) and
+`torch._weight_int4pack_mm_for_cpu` (4-bit weights in groups of 32 to 256 inputs, a scale and an
+offset per group: w = (q - 8) * scale + zero, q in 0..15; weights packed by
+`torch._convert_weight_to_int4pack_for_cpu`, needing output rows a multiple of 16).
+
+Those kernels are built for few rows: measured here they fall behind a bfloat16 matrix product
+past a few tens of tokens (at 576 tokens the int8 kernel takes about 4x as long). A layer
+therefore runs its kernel up to `kernel_max_tokens` tokens and, above, dequantizes its weights
+into a scratch buffer shared by the model's layers and runs an ordinary product: the same
+quantized model, computed the way that is fast for the batch.
+
+Quantization: int8 is symmetric per output channel (scale = max |w| / 127); int4 is asymmetric
+per group of `group_size` inputs (scale = (max - min) / 15, the group's min maps to q = 0), the
+scheme of GGUF's Q4_1 blocks, so a target converted from a Q4_1 file at group size 32 gets its
+file's 4-bit weights back (up to the scales' rounding to the activations' dtype). The int4
+kernel's packed layout is private to torch, so the dequantized path keeps its own copy of the
+nibbles (two per byte): int4 holds about 1 byte per weight, a small step streams 0.5.
+
+`quantize_model` turns every block projection of a `Transformer` into such layers, and the
+output matrix (the tied embedding's transpose too) into int8 in both modes: GGUF's 4-bit files
+keep their token embedding at 8 bits as well. The embedding lookup itself stays in the
+activations' dtype.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from avspec.runtime.transformer import Transformer
+
+INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 CPU kernel accepts
+INT4_ROW_MULTIPLE = 16  # the int4 packing needs output rows in multiples of this
+WEIGHT_KINDS = ("int8", "int4")
+
+
+class DequantScratch:
+    """One buffer the quantized layers of a model dequantize into, grown to the largest weight.
+
+    A fresh allocation per call would cost page faults on every large product (the output
+    matrix alone is 56 MB in bfloat16); the layers of one model run one after another, so one
+    buffer serves them all.
+    """
+
+    def __init__(self) -> None:
+        self._buffer: Tensor | None = None
+
+    def take(self, shape: tuple[int, int], dtype: torch.dtype) -> Tensor:
+        """An uninitialised [rows, cols] view of the buffer, valid until the next `take`."""
+        size = shape[0] * shape[1]
+        if self._buffer is None or self._buffer.dtype != dtype or self._buffer.numel() < size:
+            self._buffer = torch.empty(size, dtype=dtype)
+        return self._buffer[:size].view(shape)
+
+
+def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """(q int8 [out, in], scales float32 [out]) with weight ~ q * scales[:, None]."""
+    w = weight.detach().float()
+    scales = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127.0
+    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def quantize_int4(weight: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(q uint8 [out, in] in 0..15, scales, zeros float32 [out, in / group_size]) with
+    weight ~ (q - 8) * scale + zero within each group of `group_size` inputs."""
+    rows, cols = weight.shape
+    if cols % group_size:
+        raise ValueError(f"int4: {cols} inputs are not a multiple of the group size {group_size}")
+    groups = weight.detach().float().view(rows, cols // group_size, group_size)
+    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+    scales = ((high - low) / 15.0).clamp_min(torch.finfo(torch.float32).tiny)
+    q = torch.round((groups - low[..., None]) / scales[..., None]).clamp_(0, 15)
+    return q.to(torch.uint8).view(rows, cols), scales, low + 8.0 * scales
+
+
+class _WeightOnlyLinear(nn.Module):
+    """y = x @ W.T + bias with W stored quantized: the kernel up to `kernel_max_tokens`
+    tokens, a dense product with the dequantized W above (see the module docstring)."""
+
+    kernel_max_tokens: int
+
+    def __init__(self, bias: Tensor | None, dtype: torch.dtype, scratch: DequantScratch) -> None:
+        super().__init__()
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype))
+        self.scratch = scratch
+
+    def kernel(self, x: Tensor) -> Tensor:
+        """x [tokens, in] @ W.T through torch's quantized kernel."""
+        raise NotImplementedError
+
+    def dense(self, x: Tensor) -> Tensor:
+        """x [tokens, in] @ W.T as a dense product over W dequantized into the scratch buffer."""
+        raise NotImplementedError
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        y = self.kernel(flat) if flat.shape[0] <= self.kernel_max_tokens else self.dense(flat)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], -1)
+
+
+class Int8Linear(_WeightOnlyLinear):
+    """W = q * scales[:, None], q int8 [out, in] (one scale per output channel)."""
+
+    kernel_max_tokens = 32  # measured crossover with dequantize + bf16 product: 32-48 tokens
+
+    def __init__(
+        self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype, scratch: DequantScratch
+    ) -> None:
+        super().__init__(bias, dtype, scratch)
+        q, scales = quantize_int8(weight)
+        self.register_buffer("qweight", q)
+        self.register_buffer("scales", scales.to(dtype))
+
+    def kernel(self, x: Tensor) -> Tensor:
+        return torch._weight_int8pack_mm(x, self.qweight, self.scales)
+
+    def dense(self, x: Tensor) -> Tensor:
+        # q converts exactly (|q| <= 127 fits any float mantissa); the scales apply to the
+        # outputs, as the kernel applies them: one pass over the weights instead of two
+        q = self.scratch.take(tuple(self.qweight.shape), self.scales.dtype).copy_(self.qweight)
+        return (x @ q.t()).mul_(self.scales)
+
+
+def check_int4_shapes(shapes: list[tuple[int, int]], group_size: int) -> None:
+    """ValueError unless torch's int4 CPU kernel takes weights of these [out, in] shapes."""
+    if group_size not in INT4_GROUP_SIZES:
+        raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {group_size}")
+    for rows, cols in shapes:
+        if rows % INT4_ROW_MULTIPLE or cols % group_size:
+            raise ValueError(
+                f"int4 needs output rows in multiples of {INT4_ROW_MULTIPLE} and inputs in "
+                f"multiples of the group size {group_size}, got a [{rows}, {cols}] weight "
+                "(use int8 for this model)"
+            )
+
+
+class Int4Linear(_WeightOnlyLinear):
+    """W = (q - 8) * scale + zero per group of `group_size` inputs, q in 0..15.
+
+    The nibble copy for the dequantized path is stored transposed, [in / 2, out] (inputs 2j
+    and 2j + 1 in the low and high nibble): its scales then broadcast along contiguous rows of
+    outputs, 2.4x faster to dequantize than along groups of 32 inputs (measured), and W.T is
+    what the dense product takes.
+    """
+
+    kernel_max_tokens = 64  # measured crossover with dequantize + bf16 product: about 64
+
+    def __init__(
+        self,
+        weight: Tensor,
+        bias: Tensor | None,
+        dtype: torch.dtype,
+        scratch: DequantScratch,
+        group_size: int = 32,
+    ) -> None:
+        super().__init__(bias, dtype, scratch)
+        check_int4_shapes([tuple(weight.shape)], group_size)
+        q, scales, zeros = quantize_int4(weight, group_size)
+        self.group_size = group_size
+        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(q.int(), 1))
+        # the kernel's [groups, out, 2] table of (scale, zero)
+        table = torch.stack((scales.t(), zeros.t()), dim=-1).to(dtype).contiguous()
+        self.register_buffer("scales_and_zeros", table)
+        q_t = q.t()
+        self.register_buffer("nibbles_t", (q_t[0::2] | (q_t[1::2] << 4)).contiguous())
+        # dequantized from the kernel's (rounded) table: w = q * scale + (zero - 8 * scale),
+        # each [groups, 1, out]
+        scale, zero = table.float()[:, None].unbind(-1)
+        self.register_buffer("scales_t", scale.to(dtype).contiguous())
+        self.register_buffer("offsets_t", (zero - 8.0 * scale).to(dtype).contiguous())
+
+    def kernel(self, x: Tensor) -> Tensor:
+        return torch._weight_int4pack_mm_for_cpu(
+            x, self.packed, self.group_size, self.scales_and_zeros
+        )
+
+    def dense(self, x: Tensor) -> Tensor:
+        return x @ self.dequantized_t()
+
+    def dequantized_t(self) -> Tensor:
+        """W.T [in, out] in the activations' dtype, in the shared scratch buffer."""
+        half, rows = self.nibbles_t.shape
+        out = self.scratch.take((2 * half, rows), self.scales_t.dtype)
+        pairs = out.view(half, 2, rows)
+        pairs[:, 0].copy_(self.nibbles_t & 15)
+        pairs[:, 1].copy_(self.nibbles_t >> 4)
+        out.view(-1, self.group_size, rows).mul_(self.scales_t).add_(self.offsets_t)
+        return out
+
+
+_PROJECTIONS = ("qkv", "attn_out", "mlp_in", "mlp_out")
+
+
+def quantize_model(model: Transformer, kind: str, group_size: int = 32) -> None:
+    """Replace, in place, the block projections of a loaded `Transformer` by `kind` ("int8" or
+    "int4") layers and its output matrix by an int8 one; the model's float weights (in the
+    activations' dtype) are dropped as each is replaced. CPU only."""
+    if kind not in WEIGHT_KINDS:
+        raise ValueError(f"weight quantization must be one of {WEIGHT_KINDS}, got {kind!r}")
+    dtype = model.embed.weight.dtype
+    if model.embed.weight.device.type != "cpu":
+        raise ValueError("int8/int4 weights run on torch's CPU kernels: load the model on the CPU")
+    projections = [getattr(block, name) for block in model.blocks for name in _PROJECTIONS]
+    if kind == "int4":
+        check_int4_shapes([tuple(p.weight.shape) for p in projections], group_size)
+    scratch = DequantScratch()
+
+    def layer(linear: nn.Module, weight_kind: str) -> nn.Module:
+        if weight_kind == "int4":
+            return Int4Linear(linear.weight, linear.bias, dtype, scratch, group_size)
+        return Int8Linear(linear.weight, linear.bias, dtype, scratch)
+
+    with torch.no_grad():
+        for block in model.blocks:
+            for name in _PROJECTIONS:
+                setattr(block, name, layer(getattr(block, name), kind))
+        head = model.lm_head if model.lm_head is not None else _TiedHead(model.embed.weight)
+        model.lm_head = layer(head, "int8")
+
+
+class _TiedHead:
+    """The tied output matrix seen as a bias-free linear layer (for quantizing it)."""
+
+    def __init__(self, weight: Tensor) -> None:
+        self.weight, self.bias = weight, None
