@@ -32,12 +32,10 @@ from typing import Any
 
 import tokenizers
 
+from avspec.runtime.hf_files import CONFIG_FILE, GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE
 from avspec.runtime.json_file import read_json_object
 
 TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-CONFIG_FILE = "config.json"
-GENERATION_CONFIG_FILE = "generation_config.json"
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 _REPLACEMENT = "\ufffd"
@@ -107,9 +105,9 @@ class HFTokenizer:
             tokenizer = tokenizers.Tokenizer.from_file(str(path))
         except Exception as err:  # the Rust side raises a bare Exception
             raise TokenizerError(f"{path}: cannot be loaded by `tokenizers`: {err}") from None
-        tok_config = _read_json(directory / TOKENIZER_CONFIG_FILE)
-        config = _read_json(directory / CONFIG_FILE)
-        gen_config = _read_json(directory / GENERATION_CONFIG_FILE)
+        tok_config = _optional_json(directory / TOKENIZER_CONFIG_FILE)
+        config = _optional_json(directory / CONFIG_FILE)
+        gen_config = _optional_json(directory / GENERATION_CONFIG_FILE)
 
         def token_id(file: str, data: dict[str, Any], field: str) -> int | None:
             value = data.get(field)
@@ -259,12 +257,6 @@ class HFIncrementalDecoder:
         return text[len(context) :]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`, or {} when the file does not exist."""
-    data = read_json_object(path, TokenizerError)
-    return {} if data is None else data
-
-
 def _ids(path: Path, data: dict[str, Any], field: str) -> list[int]:
     """`data[field]` as a list of ids: absent or null gives [], one id or a list of ids."""
     value = data.get(field)
@@ -282,3 +274,9 @@ def _prepended_token(tokenizer: tokenizers.Tokenizer) -> int | None:
     if len(full) > len(plain) and full[1 : 1 + len(plain)] == plain:
         return full[0]
     return None
+
+
+def _optional_json(path: Path) -> dict[str, Any]:
+    """The JSON object in `path`; {} when the file does not exist (every tokenizer file but
+    tokenizer.json is optional)."""
+    return read_json_object(path, TokenizerError) or {}

@@ -1,4 +1,4 @@
-"""Read a JSON object from a configuration file, with errors that name the file."""
+"""Read and write the JSON objects of configuration files, with errors that name the file."""
 
 from __future__ import annotations
 
@@ -22,3 +22,8 @@ def read_json_object(path: Path, error: type[ValueError]) -> dict[str, Any] | No
     if not isinstance(data, dict):
         raise error(f"{path}: must hold a JSON object")
     return data
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write `data` to `path` as indented, key-sorted UTF-8 JSON with a final newline."""
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from avspec.runtime.hf_checkpoint import load_hf_model
+from avspec.runtime.hf_files import CONFIG_FILE
 from avspec.runtime.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
 from avspec.runtime.transformer import Transformer
 
-CONFIG_FILE = "config.json"
 RETIRED_FORMAT = "avspec-transformer"  # the project's former format, refused by name
 
 

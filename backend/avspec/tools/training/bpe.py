@@ -19,19 +19,18 @@ the model config needs are `special_ids(tokenizer)`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from avspec.runtime.hf_files import SPECIAL_TOKENS_MAP_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE
+from avspec.runtime.json_file import write_json
+
 EOS_TOKEN = "<|endoftext|>"
 EOS_ID = 0  # the first special token: stable for every vocabulary size and corpus
 DEFAULT_VOCAB_SIZE = 4096
-TOKENIZER_FILE = "tokenizer.json"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE) -> Tokenizer:
@@ -92,8 +91,8 @@ def save_tokenizer(tokenizer: Tokenizer, directory: Path | str, max_length: int)
         "clean_up_tokenization_spaces": False,
         "model_max_length": max_length,
     }
-    _write_json(directory / TOKENIZER_CONFIG_FILE, config)
-    _write_json(directory / SPECIAL_TOKENS_FILE, specials)
+    write_json(directory / TOKENIZER_CONFIG_FILE, config)
+    write_json(directory / SPECIAL_TOKENS_MAP_FILE, specials)
     return directory
 
 
@@ -106,7 +105,3 @@ def encode_texts(tokenizer: Tokenizer, files: Sequence[tuple[str, str]]) -> torc
         ids += encoding.ids
         ids.append(eos)
     return torch.tensor(ids, dtype=torch.int64)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")

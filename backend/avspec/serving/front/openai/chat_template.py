@@ -24,9 +24,9 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from avspec.runtime.hf_files import SPECIAL_TOKENS_MAP_FILE, TOKENIZER_CONFIG_FILE
+
 TEMPLATE_FILE = "chat_template.jinja"
-TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
-SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 # transformers' SPECIAL_TOKENS_ATTRIBUTES, the names a template may use
 SPECIAL_TOKENS = (
     "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
@@ -109,7 +109,7 @@ class ChatTemplate:
         """The template of a Hugging Face model directory, or None if it has none."""
         directory = Path(directory)
         config = _read_object(directory / TOKENIZER_CONFIG_FILE)
-        special = _read_object(directory / SPECIAL_TOKENS_FILE)
+        special = _read_object(directory / SPECIAL_TOKENS_MAP_FILE)
         tokens = {
             name: _token_text(config.get(name, special.get(name)))
             for name in SPECIAL_TOKENS
