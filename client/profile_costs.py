@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import shlex
 import statistics
@@ -198,6 +199,10 @@ def plot_step_cost(document: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -243,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         "verify_by_tokens_and_rows": fit,
     }
     measured["verify_to_draft_ratio"] = {
-        str(rows): round(cost.verify_to_draft_ratio(rows, k), 3) for rows in args.draft_rows
+        # None where a draft pass measured as free (no ratio to report)
+        str(rows): _finite(round(cost.verify_to_draft_ratio(rows, k), 3))
+        for rows in args.draft_rows
     }
     save_step_cost(args.output, cost, measured)
     print(f"{what} on {measured['device']}, {seconds:.0f} s")
@@ -258,7 +265,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{fit['max_rel_error_with_rows']:.0%}; by tokens alone "
           f"{fit['max_rel_error_tokens_only']:.0%})")  # fmt: skip
     print(f"overhead_ms {cost.overhead_ms:.3f}")
-    ratios = ", ".join(f"{r} rows: {x:.2f}" for r, x in measured["verify_to_draft_ratio"].items())
+    ratios = ", ".join(
+        f"{r} rows: {x:.2f}" if x is not None else f"{r} rows: -"
+        for r, x in measured["verify_to_draft_ratio"].items()
+    )
     print(f"target ms per verified token / draft ms per row of a pass, {k} drafts a row: {ratios}")
     load_step_cost(args.output)  # what the verifier will load must load
     if args.plot is not None:

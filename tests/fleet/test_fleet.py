@@ -200,7 +200,9 @@ http {{
       proxy_http_version 1.1;
       proxy_buffering off;
       proxy_read_timeout 300s;
-      proxy_next_upstream error timeout;
+      # a generate request is safe to send again: a replica that failed to answer it (gone,
+      # or its connection broke before an answer) hands it to the next one
+      proxy_next_upstream error timeout non_idempotent;
     }}
   }}
   server {{

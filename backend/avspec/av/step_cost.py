@@ -17,6 +17,7 @@ of 4, so a table by tokens alone mistakes batch size for verification cost. Both
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,7 +65,10 @@ class StepCost:
             raise ValueError(f"need rows >= 1 and drafts >= 0, got {rows}, {drafts}")
         tokens = rows * (1 + drafts)
         per_token = self.verify_ms(tokens, rows) / tokens
-        return per_token / (self.draft_pass.at(rows) / rows)
+        draft_ms = self.draft_pass.at(rows)
+        if draft_ms <= 0:  # a pass measured as free (its fixed cost subtracted on a noisy run)
+            return math.inf
+        return per_token / (draft_ms / rows)
 
     @classmethod
     def linear(

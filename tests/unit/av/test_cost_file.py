@@ -180,3 +180,10 @@ def test_verify_to_draft_ratio_on_straight_tables():
     assert abs(cost.verify_to_draft_ratio(64, 8) - per_token / per_row) < 1e-9
     with pytest.raises(ValueError, match="rows >= 1"):
         cost.verify_to_draft_ratio(0, 8)
+
+
+def test_verify_to_draft_ratio_of_a_free_draft_pass_is_infinite():
+    """A noisy profile can measure a draft pass as free once its fixed cost is subtracted: the
+    ratio is infinite, not a division by zero (the profiler's CLI failed on it once in CI)."""
+    cost = StepCost.linear(0.0, 0.0, 10.0, 0.1, max_rows=64, max_tokens=1024)
+    assert cost.verify_to_draft_ratio(16, 8) == float("inf")
