@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import shutil
 import subprocess
+import threading
 import time
 import urllib.parse
 from html.parser import HTMLParser
 
 import aiohttp
 import openai
+from aiohttp import web
 from helpers.ci import missing_tool
 
+from avspec.serving.front.playground import PAGE
 from avspec.serving.server_process import ServerProcess
 
 PROMPT = "Write a loop."
@@ -134,3 +138,57 @@ def test_the_page_streams_an_answer_marked_by_origin(server: ServerProcess, tmp_
     assert "".join(text for _, text in page.tokens) == reference.choices[0].message.content
     assert {origin for origin, _ in page.tokens} <= {"draft", "target"}
     assert "target" in {origin for origin, _ in page.tokens}  # every step ends with one
+
+
+def _broken_stream_server(port_holder: list[int], ready, stop) -> None:
+    """The playground page and a /v1/chat/completions that sends its role and one token, then
+    closes the connection without `data: [DONE]` (a server that died mid-answer)."""
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(text=PAGE.read_text(), content_type="text/html")
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        role = {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}
+        token = {
+            "choices": [{"index": 0, "delta": {"content": "Hi"}}],
+            "speculative": {"tokens": [{"text": "Hi", "draft": False}], "accepted_tokens": 0,
+                            "verified_tokens": 0, "steps": 1},
+        }  # fmt: skip
+        for chunk in (role, token):
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        request.transport.close()  # gone: no [DONE], no end of the chunked body
+        return response
+
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_get("/", page)
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port_holder.append(site._server.sockets[0].getsockname()[1])
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        await runner.cleanup()
+
+    asyncio.run(serve())
+
+
+def test_the_page_reports_a_stream_that_breaks(tmp_path) -> None:
+    """The broken variant of the test above: the same page against a server that drops the
+    stream mid-answer ends in data-state="error" with the reason, never "done"."""
+    port, ready, stop = [], threading.Event(), threading.Event()
+    thread = threading.Thread(target=_broken_stream_server, args=(port, ready, stop), daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(10)
+        page = _Page()
+        page.feed(render(f"http://127.0.0.1:{port[0]}/?prompt=hello", tmp_path))
+        assert page.state == "error" and page.error.startswith("error:"), (page.state, page.error)
+    finally:
+        stop.set()
+        thread.join(10)
