@@ -1,0 +1,75 @@
+"""Train a draft for a Hugging Face target: data, then distillation, then a held-out report.
+
+    python -m avspec.tools.draft --target build/target-smollm2 --work build/draft-smollm2 \\
+        --out models/smollm2-draft
+
+Phases (`--only` runs one): `data` (held-out then train prompts answered by the target, chunk
+files under `<work>/heldout` and `<work>/train`; resumable), `train` (top-64 KL distillation on
+whatever chunks exist, checkpointed to `<work>/checkpoint.pt`; resumable), `report` (held-out
+acceptance at position 1 and AUC, written to `<work>/report.json`, and the draft saved as a
+Hugging Face directory in `--out`). One torch thread by default: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from avspec.tools.draft.generate import generate_chunks
+from avspec.tools.draft.prompts import build_prompts
+from avspec.tools.training.corpus import corpus_files, split_files
+
+PHASES = ("data", "train", "report")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m avspec.tools.draft", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--target", type=Path, default=Path("build/target-smollm2"))
+    parser.add_argument("--work", type=Path, default=Path("build/draft-smollm2"))
+    parser.add_argument("--out", type=Path, default=Path("models/smollm2-draft"))
+    parser.add_argument("--train-prompts", type=int, default=2560)
+    parser.add_argument("--heldout-prompts", type=int, default=96)
+    parser.add_argument("--batch", type=int, default=64, help="target rows decoding together")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--minutes", type=float, default=60.0, help="training wall time")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--only", choices=PHASES)
+    return parser.parse_args(argv)
+
+
+def make_data(args: argparse.Namespace) -> None:
+    """Answer the held-out prompts, then the train prompts (each resumable)."""
+    train, held_out = split_files(corpus_files())
+    settings = {"batch": args.batch, "max_new_tokens": args.max_new_tokens}
+    heldout = build_prompts(held_out, args.heldout_prompts, args.seed + 1)
+    generate_chunks(args.target, heldout, args.work / "heldout", seed=10_000, **settings)
+    prompts = build_prompts(train, args.train_prompts, args.seed)
+    generate_chunks(args.target, prompts, args.work / "train", seed=args.seed, **settings)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.only in (None, "data"):
+        make_data(args)
+    if args.only in (None, "train"):
+        from avspec.tools.draft.train import train_draft
+
+        train_draft(args.target, args.work, args.minutes, args.seed)
+    if args.only in (None, "report"):
+        from avspec.tools.draft.report import write_report
+
+        report = write_report(args.target, args.work, args.out)
+        print(json.dumps(report, indent=2), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The trained draft's held-out report, and the draft written as a Hugging Face directory.
+
+The draft is read from the training checkpoint, measured against the target run live on the
+held-out chunks (`evaluate.exact_acceptance`: the target in bf16, as served), and saved with
+`avspec.runtime.hf_checkpoint.save_hf_model` in bf16 with the target's tokenizer files (so the
+pair check sees one tokenizer). The report (`<work>/report.json`) holds the figures, the
+training log's last line and the draft's size.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from avspec.runtime.hf_checkpoint import save_hf_model
+from avspec.runtime.model_dir import load_model
+from avspec.runtime.transformer import Transformer
+from avspec.tools.draft.evaluate import acceptance_by_depth, exact_acceptance, load_chunks
+from avspec.tools.draft.model import draft_config
+from avspec.tools.draft.train import CHECKPOINT, LOG
+
+MAX_DRAFT_BYTES = 40 * 1000 * 1000
+
+
+def load_checkpoint_draft(target: Transformer, work: Path) -> tuple[Transformer, dict]:
+    """(the draft in eval mode, the checkpoint's progress fields) from `<work>/checkpoint.pt`."""
+    state = torch.load(work / CHECKPOINT, weights_only=False)
+    draft = Transformer(draft_config(target.config, **state["shape"]))
+    draft.load_state_dict(state["model"])
+    progress = {k: state[k] for k in ("step", "elapsed", "seen", "shape")}
+    return draft.eval(), progress
+
+
+def write_report(target_dir: Path | str, work: Path | str, out: Path | str | None) -> dict:
+    """Measure the checkpoint's draft on the held-out chunks; save it to `out` (if given) as a
+    bf16 `LlamaForCausalLM` directory; write and return the report."""
+    work = Path(work)
+    target = load_model(target_dir, dtype=torch.bfloat16, max_length=1024)
+    draft, progress = load_checkpoint_draft(target, work)
+    heldout = load_chunks(work / "heldout")
+    report = {
+        "training": progress,
+        "parameters": draft.num_parameters(),
+        "heldout": exact_acceptance(draft, target, heldout),
+        "acceptance_by_depth": acceptance_by_depth(draft, target, heldout),
+        "target_dtype": "bfloat16",
+    }
+    log = work / LOG
+    if log.is_file():
+        report["last_log"] = json.loads(log.read_text().splitlines()[-1])
+    if out is not None:
+        out = Path(out)
+        save_hf_model(draft, out, target_dir, dtype=torch.bfloat16)
+        size = (out / "model.safetensors").stat().st_size
+        report["saved"] = {"directory": str(out), "safetensors_bytes": size}
+        if size > MAX_DRAFT_BYTES:
+            raise ValueError(f"{out}: {size} bytes of weights, over the {MAX_DRAFT_BYTES} limit")
+    (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report

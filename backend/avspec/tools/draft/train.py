@@ -1,0 +1,175 @@
+"""Distil the draft from the target's saved top-64 logits (KL at temperature 1), resumably.
+
+Data: the chunk files of `avspec.tools.draft.generate` under `<work>/train`, re-listed every
+pass, so training can start while the target is still answering and uses each chunk as it
+lands. A sequence is prompt + answer; the draft runs over all of it but is scored only on
+answer positions, where it will draft when served. Loss per answer position: the teacher's
+top-64 logits renormalised to p (temperature 1), KL(p || q) = sum_top p (log p - log q) with
+q the draft's full softmax; only the output matrix rows of answer positions are computed, the
+head being most of the draft's cost at this vocabulary.
+
+Sequences are batched by length (about `tokens_per_batch` tokens, right-padded: causal
+attention never sees the padding). AdamW, warmup then cosine decay over the wall-time budget
+(`minutes`), so a resumed run continues the same schedule. Every `checkpoint_minutes` the
+model, optimiser, clock and progress go to `<work>/checkpoint.pt` (written then renamed), with
+the held-out approximate acceptance (`avspec.tools.draft.evaluate.approx_acceptance`) logged
+to `<work>/train_log.jsonl`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from avspec.runtime.model_dir import load_model
+from avspec.runtime.transformer import Transformer
+from avspec.tools.draft.evaluate import approx_acceptance, load_chunks
+from avspec.tools.draft.model import draft_config, new_draft
+
+CHECKPOINT = "checkpoint.pt"
+LOG = "train_log.jsonl"
+
+
+def lr_at(fraction: float, peak: float, warmup: float = 0.03) -> float:
+    """Linear warmup over the first `warmup` of the budget, then cosine to 10 % of `peak`."""
+    if fraction < warmup:
+        return peak * max(fraction, 1e-3) / warmup
+    progress = min(1.0, (fraction - warmup) / (1 - warmup))
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
+
+
+def batches(sequences: list[dict], tokens_per_batch: int, rng: random.Random) -> Iterator[list]:
+    """Shuffled batches of sequences of similar length, about `tokens_per_batch` tokens each."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]["ids"]))
+    groups, current, longest = [], [], 0
+    for i in order:
+        longest = max(longest, len(sequences[i]["ids"]))
+        if current and longest * (len(current) + 1) > tokens_per_batch:
+            groups.append(current)
+            current, longest = [], len(sequences[i]["ids"])
+        current.append(sequences[i])
+    if current:
+        groups.append(current)
+    rng.shuffle(groups)
+    yield from groups
+
+
+def answer_logits(model: Transformer, batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(draft logits at every answer position [positions, vocab], position mask shape info):
+    the draft run over prompt + answer, right-padded, its head applied to answer rows only."""
+    width = max(len(s["ids"]) for s in batch)
+    ids = torch.zeros(len(batch), width, dtype=torch.long)
+    mask = torch.zeros(len(batch), width, dtype=torch.bool)
+    for row, s in enumerate(batch):
+        ids[row, : len(s["ids"])] = s["ids"]
+        start = s["prompt_length"] - 1
+        mask[row, start : start + s["answer_length"]] = True
+    x = model.embed(ids)
+    for block in model.blocks:
+        x = block(x, model.rotary)
+    return model.logits(x[mask]), mask
+
+
+def top_kl(
+    draft_logits: torch.Tensor, top_ids: torch.Tensor, top_logits: torch.Tensor
+) -> torch.Tensor:
+    """Mean over positions of KL(p_top || q): p the teacher's top-k logits renormalised, q the
+    draft's full softmax (nats)."""
+    log_p = F.log_softmax(top_logits.float(), dim=-1)
+    log_q = F.log_softmax(draft_logits, dim=-1).gather(-1, top_ids.long())
+    return (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+
+
+def train_draft(
+    target_dir: Path | str,
+    work: Path | str,
+    minutes: float,
+    seed: int = 0,
+    lr: float = 2e-3,
+    tokens_per_batch: int = 4096,
+    checkpoint_minutes: float = 4.0,
+) -> Transformer:
+    """Train (or resume) the draft for `minutes` of wall time in all; returns it in eval mode."""
+    work = Path(work)
+    path = work / CHECKPOINT
+    target = load_model(target_dir, max_length=1024)
+    if path.is_file():
+        state = torch.load(path, weights_only=False)
+        draft = Transformer(draft_config(target.config, **state["shape"]))
+        draft.load_state_dict(state["model"])
+    else:
+        state = {"elapsed": 0.0, "step": 0, "shape": {"width": 256, "layers": 4}, "seen": 0}
+        draft = new_draft(target, seed=seed, **state["shape"])
+    del target
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    if "optimizer" in state:
+        optimizer.load_state_dict(state["optimizer"])
+    heldout = load_chunks(work / "heldout")
+    rng = random.Random(seed + state["step"])
+    budget = minutes * 60.0
+    bar = tqdm(total=int(budget), initial=int(state["elapsed"]), desc="draft (s)", file=sys.stderr,
+               mininterval=10.0)  # fmt: skip
+    last_save = time.perf_counter()
+    draft.train()
+    while state["elapsed"] < budget:
+        sequences = load_chunks(work / "train")
+        if not sequences:
+            raise RuntimeError(f"no training chunks under {work / 'train'}")
+        for batch in batches(sequences, tokens_per_batch, rng):
+            tick = time.perf_counter()
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(state["elapsed"] / budget, lr)
+            logits, _ = answer_logits(draft, batch)
+            top_ids = torch.cat([s["top_ids"] for s in batch])
+            top_logits = torch.cat([s["top_logits"] for s in batch])
+            loss = top_kl(logits, top_ids, top_logits)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+            optimizer.step()
+            spent = time.perf_counter() - tick
+            state["elapsed"] += spent
+            state["step"] += 1
+            state["seen"] += len(top_ids)
+            bar.update(int(state["elapsed"]) - bar.n)
+            bar.set_postfix(kl=f"{loss.item():.3f}", positions=state["seen"], refresh=False)
+            done = state["elapsed"] >= budget
+            if done or time.perf_counter() - last_save > checkpoint_minutes * 60:
+                save_checkpoint(draft, optimizer, state, path, heldout, loss.item())
+                last_save = time.perf_counter()
+                draft.train()
+            if done:
+                break
+    bar.close()
+    return draft.eval()
+
+
+def save_checkpoint(
+    draft: Transformer, optimizer: torch.optim.Optimizer, state: dict, path: Path, heldout: list,
+    train_kl: float,
+) -> None:  # fmt: skip
+    """Write the checkpoint (temporary name, then rename) and one held-out log line."""
+    draft.eval()
+    entry = {
+        "step": state["step"],
+        "elapsed_s": round(state["elapsed"], 1),
+        "positions_seen": state["seen"],
+        "train_kl": train_kl,
+        **approx_acceptance(draft, heldout),
+    }
+    with open(path.parent / LOG, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+    tqdm.write(f"checkpoint: {entry}", file=sys.stderr)
+    partial = path.with_suffix(".partial")
+    torch.save({**state, "model": draft.state_dict(), "optimizer": optimizer.state_dict()}, partial)
+    os.replace(partial, path)
