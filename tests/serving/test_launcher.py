@@ -23,18 +23,7 @@ from avspec.serving.supervisor import find_stubs
 @pytest.mark.serving
 def test_main_reports_a_server_that_dies(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A model whose initialize raises: the server exits and main returns 1 with a message."""
-    model = tmp_path / "broken"
-    (model / "1").mkdir(parents=True)
-    (model / "config.pbtxt").write_text(
-        'backend: "python"\nmax_batch_size: 0\n'
-        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-        'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
-    )
-    (model / "1" / "model.py").write_text(
-        "class TritonPythonModel:\n"
-        "    def initialize(self, args):\n"
-        "        raise RuntimeError('broken on purpose')\n"
-    )
+    _echo_repository(tmp_path, "broken", BROKEN_MODEL)
     ports = [str(free_port()) for _ in range(3)]
     code = launcher.main(
         ["--model-repository", str(tmp_path), "--http-port", ports[0], "--grpc-port", ports[1],
@@ -70,8 +59,17 @@ def test_cli_prints_ready_line_and_stops_on_sigterm(tmp_path: Path) -> None:
             process.kill()
 
 
-def _echo_repository(root: Path, name: str = "speculative") -> Path:
-    """A repository with a Python model `name` that loads instantly (one stub process).
+ECHO_MODEL = "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
+BROKEN_MODEL = (
+    "class TritonPythonModel:\n"
+    "    def initialize(self, args):\n"
+    "        raise RuntimeError('broken on purpose')\n"
+)
+
+
+def _echo_repository(root: Path, name: str = "speculative", model_py: str = ECHO_MODEL) -> Path:
+    """A repository with a Python model `name` that loads instantly (one stub process), or runs
+    `model_py` instead.
 
     By default `speculative`, the public model the launcher's front serves by default.
     """
@@ -82,9 +80,7 @@ def _echo_repository(root: Path, name: str = "speculative") -> Path:
         'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
         'output [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
     )
-    (model / "1" / "model.py").write_text(
-        "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
-    )
+    (model / "1" / "model.py").write_text(model_py)
     return root
 
 
