@@ -41,14 +41,12 @@ from avspec.serving.sandbox import (
     DEFAULT_SERVER_USER,
     SANDBOXED_ENV,
     ServerUser,
-    runtime_paths,
     sandbox_command,
     server_user,
 )
 from avspec.serving.served_models import locate_models, repository_models
-from avspec.serving.server_files import grant_writable, server_files
+from avspec.serving.server_files import grant_writable, sandbox_paths, server_files
 from avspec.serving.server_process import ServerError, ServerProcess
-from avspec.serving.triton_env import BACKEND_SOURCE_DIR
 
 ADMIN_KEY_FD_ENV = "AVSPEC_ADMIN_KEY_FD"  # the pipe holding the key across the sandbox's exec
 
@@ -258,14 +256,8 @@ def _reexec_sandboxed(args: argparse.Namespace, user: ServerUser, admin_key: str
     models = [m for r in repositories for m in repository_models(r)]
     files = server_files(repositories, locate_models(repositories, models), args.model_config_name)
     grant_writable(files.writable, user)
-    expose = [
-        *runtime_paths(),
-        BACKEND_SOURCE_DIR,
-        Path.cwd(),
-        *files.readable,
-        *(Path(p).resolve() for p in (args.draft_model, args.target_model) if p is not None),
-        *(Path(p).resolve() for p in (args.tritonserver, args.backend_directory) if p),
-    ]
+    given = (args.draft_model, args.target_model, args.tritonserver, args.backend_directory)
+    expose = sandbox_paths(files, Path.cwd(), *(Path(p).resolve() for p in given if p))
     if admin_key is not None:
         read_end, write_end = os.pipe()
         os.write(write_end, admin_key.encode())

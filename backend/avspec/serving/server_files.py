@@ -20,6 +20,7 @@ from pathlib import Path
 from avspec.serving.repository import read_config_parameters, resolve_path
 from avspec.serving.sandbox import ServerUser, runtime_paths, sandbox_command
 from avspec.serving.served_models import model_config_file
+from avspec.serving.triton_env import BACKEND_SOURCE_DIR
 
 READ_PARAMETERS = ("model_dir", "cost_tables")
 WRITE_PARAMETERS = ("snapshot_path",)
@@ -61,6 +62,12 @@ def server_files(
             elif name in WRITE_PARAMETERS:
                 writable.append(path.parent)
     return ServerFiles(tuple(dict.fromkeys(readable)), tuple(dict.fromkeys(writable)))
+
+
+def sandbox_paths(files: ServerFiles, *extra: Path) -> list[Path]:
+    """What the server's sandbox shows its user, read-only: the Python installation and
+    environment, the `avspec` sources, every path a model reads, and `extra`."""
+    return [*runtime_paths(), BACKEND_SOURCE_DIR, *files.readable, *extra]
 
 
 def grant_writable(directories: Iterable[Path], user: ServerUser) -> None:

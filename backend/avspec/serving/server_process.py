@@ -37,7 +37,6 @@ from avspec.serving.process_group import kill_group, signals_held, terminate
 from avspec.serving.requests import served_tokenizer_dir
 from avspec.serving.sandbox import (
     ServerUser,
-    runtime_paths,
     sandbox_command,
     server_user,
 )
@@ -47,11 +46,11 @@ from avspec.serving.served_models import (
     repository_models,
     runs_on_python_backend,
 )
-from avspec.serving.server_files import grant_writable, server_files, unreadable
+from avspec.serving.server_files import grant_writable, sandbox_paths, server_files, unreadable
 from avspec.serving.supervisor import StageSupervisor
 from avspec.serving.triton_api import TritonAPI, TritonAPIError
-from avspec.serving.triton_command import GRPC_SOCKET_PORT, TritonCommand
-from avspec.serving.triton_env import BACKEND_SOURCE_DIR, TritonInstall, prepare_backend_directory
+from avspec.serving.triton_command import TritonCommand, grpc_socket, http_socket
+from avspec.serving.triton_env import TritonInstall, prepare_backend_directory
 
 
 class ServerError(RuntimeError):
@@ -177,12 +176,12 @@ class ServerProcess:
     @property
     def http_socket(self) -> Path:
         """tritonserver's own HTTP endpoint, a Unix socket only the server's user may open."""
-        return self._run_path() / "http.sock"  # as TritonCommand.http_socket
+        return http_socket(self._run_path())
 
     @property
     def grpc_socket(self) -> Path:
         """tritonserver's own gRPC endpoint (Triton appends the port to the address given)."""
-        return self._run_path() / f"grpc:{GRPC_SOCKET_PORT}"  # as TritonCommand.grpc_socket
+        return grpc_socket(self._run_path())
 
     @property
     def triton_api(self) -> TritonAPI:
@@ -244,13 +243,8 @@ class ServerProcess:
         again by `start` (then a check only). ServerError names every path it cannot read.
         """
         files = server_files(self.model_repositories, self.model_homes, self.model_config_name)
-        self._exposed = [
-            *runtime_paths(),
-            BACKEND_SOURCE_DIR,
-            self.triton.binary.parent,
-            *([self.triton.backend_directory] if self.triton.backend_directory else []),
-            *files.readable,
-        ]
+        triton = [self.triton.binary.parent, self.triton.backend_directory]
+        self._exposed = sandbox_paths(files, *(p for p in triton if p is not None))
         self._writable = list(files.writable)
         if self._drops_privileges:
             grant_writable(files.writable, self.user)

@@ -18,6 +18,16 @@ from avspec.serving.exposure import triton_flags
 GRPC_SOCKET_PORT = 1  # Triton names its gRPC socket "<address>:<port>"; otherwise unused
 
 
+def http_socket(run_dir: Path) -> Path:
+    """tritonserver's HTTP socket in `run_dir`."""
+    return run_dir / "http.sock"
+
+
+def grpc_socket(run_dir: Path) -> Path:
+    """tritonserver's gRPC socket in `run_dir` (Triton appends the port to the address given)."""
+    return run_dir / f"grpc:{GRPC_SOCKET_PORT}"
+
+
 @dataclass(frozen=True)
 class TritonCommand:
     """What the command line says; `argv()` writes it."""
@@ -35,11 +45,11 @@ class TritonCommand:
 
     @property
     def http_socket(self) -> Path:
-        return self.run_dir / "http.sock"
+        return http_socket(self.run_dir)
 
     @property
     def grpc_socket(self) -> Path:
-        return self.run_dir / f"grpc:{GRPC_SOCKET_PORT}"
+        return grpc_socket(self.run_dir)
 
     def argv(self) -> list[str]:
         if self.load_models is None:
