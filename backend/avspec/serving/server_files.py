@@ -25,6 +25,7 @@ from avspec.serving.triton_env import BACKEND_SOURCE_DIR
 READ_PARAMETERS = ("model_dir", "cost_tables")
 WRITE_PARAMETERS = ("snapshot_path",)
 
+_MODE_DIR = os.R_OK | os.X_OK
 # Run as the server's user: print each argument that user cannot read (a directory: list and
 # enter; a file: read).
 _CHECK = (
@@ -80,11 +81,17 @@ def grant_writable(directories: Iterable[Path], user: ServerUser) -> None:
 
 
 def unreadable(
-    paths: Iterable[Path], user: ServerUser, expose: Iterable[Path], writable: Iterable[Path]
+    paths: Iterable[Path],
+    user: ServerUser | None,
+    expose: Iterable[Path] = (),
+    writable: Iterable[Path] = (),
 ) -> list[str]:
-    """The paths `user` cannot read, checked by a short child process running as `user` in the
-    sandbox the server gets (avspec.serving.sandbox: `expose` made reachable)."""
+    """The paths `user` cannot read (a directory: list and enter; a file: read). For a user to
+    drop to, checked by a short child process running as `user` in the sandbox the server gets
+    (avspec.serving.sandbox: `expose` made reachable); for None, as this process."""
     names = [str(p) for p in paths if p.exists()]  # a missing path is the stages' to report
+    if user is None:
+        return [n for n in names if not os.access(n, _MODE_DIR if os.path.isdir(n) else os.R_OK)]
     if not names:
         return []
     result = subprocess.run(

@@ -246,11 +246,10 @@ class ServerProcess:
         triton = [self.triton.binary.parent, self.triton.backend_directory]
         self._exposed = sandbox_paths(files, *(p for p in triton if p is not None))
         self._writable = list(files.writable)
-        if self._drops_privileges:
-            grant_writable(files.writable, self.user)
-            missing = unreadable(files.readable, self.user, self._exposed, self._writable)
-        else:
-            missing = [str(p) for p in files.readable if p.exists() and not os.access(p, os.R_OK)]
+        user = self.user if self._drops_privileges else None
+        if user is not None:
+            grant_writable(files.writable, user)
+        missing = unreadable(files.readable, user, self._exposed, self._writable)
         if missing:
             who = f"user {self.user}" if self._drops_privileges else f"uid {os.geteuid()}"
             raise ServerError(

@@ -49,3 +49,15 @@ def test_only_the_snapshot_directory_is_given_and_reads_are_checked_as_the_user(
     secret.chmod(0o600)
     tmp_path.chmod(0o700)  # views make the way in; the files' own modes still count
     assert unreadable([readable, secret], USER, [readable, secret], []) == [str(secret)]
+
+
+def test_without_a_user_to_drop_to_reads_are_checked_as_this_process(tmp_path: Path) -> None:
+    """The same rule as for the server's user: a directory must be listable and enterable."""
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    closed.chmod(0o600)  # listable, not enterable
+    try:
+        expected = [] if os.geteuid() == 0 else [str(closed)]  # root passes every check
+        assert unreadable([closed, tmp_path / "absent"], None) == expected
+    finally:
+        closed.chmod(0o700)
