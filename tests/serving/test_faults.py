@@ -69,8 +69,9 @@ def rerun_once_after_a_triton_abort(test):
             if not triton_aborted(server):
                 raise
         print(f"\n{test.__name__}: tritonserver aborted ({TRITON_ABORT}); restarting, rerun once")
-        server.stop()
-        server.start()
+        # tritonserver alone: the front keeps its ports (a stopped front's port may be taken by
+        # another connection's ephemeral port before it binds again; a CI run saw EADDRINUSE)
+        server.restart()
         return test(server, *args, **kwargs)
 
     return run
