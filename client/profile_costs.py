@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from avspec.av.cost_file import load_step_cost, save_step_cost
 from avspec.av.step_cost import StepCost
-from avspec.runtime.model_dir import load_model
+from avspec.runtime.precision import PRECISIONS, load_served_model
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
 from avspec.tools.profiler import (
     CostPoints,
@@ -58,6 +58,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="profile seeded random-weight models of the default sizes instead of model dirs",
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--dtype", default="auto", choices=PRECISIONS,
+        help="the served precision (the stages' `dtype` parameter; default auto)",
+    )  # fmt: skip
     parser.add_argument(
         "--max-draft-tokens", type=int, default=8, help="K (default 8): verify ladder 0..K "
         "drafts per sequence; the draft pass is timed as (K passes - 1 pass) / (K - 1)",
@@ -99,9 +103,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def load_pair(args: argparse.Namespace) -> tuple[Transformer, Transformer, str]:
-    """(target, draft, description) from Hugging Face model dirs (`load_model`) or, with
-    --random-pair, seeded random weights of the default pair's shapes (TARGET_CONFIG and
-    DRAFT_CONFIG of avspec.tools.training.train)."""
+    """(target, draft, description) from Hugging Face model dirs in `--dtype`
+    (`load_served_model`) or, with --random-pair, seeded random weights of the tiny pair's
+    shapes (TARGET_CONFIG and DRAFT_CONFIG of avspec.tools.training.train)."""
     if args.random_pair:
         models = []
         for seed, config in ((1, TARGET_CONFIG), (2, DRAFT_CONFIG)):
@@ -110,9 +114,9 @@ def load_pair(args: argparse.Namespace) -> tuple[Transformer, Transformer, str]:
             models.append(model.to(args.device).eval())
         described = (f"target {_shape(TARGET_CONFIG)}", f"draft {_shape(DRAFT_CONFIG)}")
         return models[0], models[1], f"random-weight pair ({', '.join(described)})"
-    target = load_model(args.target_dir, args.device)
-    draft = load_model(args.draft_dir, args.device)
-    return target, draft, f"{args.target_dir} + {args.draft_dir}"
+    target = load_served_model(args.target_dir, args.device, args.dtype)
+    draft = load_served_model(args.draft_dir, args.device, args.dtype)
+    return target, draft, f"{args.target_dir} + {args.draft_dir} ({args.dtype})"
 
 
 def _shape(config: TransformerConfig) -> str:

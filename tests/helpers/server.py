@@ -75,7 +75,14 @@ def write_steep_draft_costs(path: Path) -> Path:
 
 
 def stage_overrides(model_dir: Path) -> dict[str, object]:
-    return {"model_dir": model_dir, "max_sequences": 40, "max_length": MAX_LENGTH}
+    # float32: the repository's `auto` is bf16 on a CPU with native bf16, and the tests compare
+    # the served tiny pair with float32 references
+    return {
+        "model_dir": model_dir,
+        "max_sequences": 40,
+        "max_length": MAX_LENGTH,
+        "dtype": "float32",
+    }
 
 
 def scrape(server: ServerProcess) -> dict:

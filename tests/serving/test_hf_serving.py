@@ -51,6 +51,8 @@ def hf_server(tmp_path_factory: pytest.TempPathFactory):
     repository = ROOT / "model_repository"
     pair = prepare_pair(repository, draft_dir, target_dir)
     overrides = {**pair.overrides}
+    for stage in ("draft", "target"):  # against transformers' float32 (the repository: auto)
+        overrides[stage] = {**overrides.get(stage, {}), "dtype": "float32"}
     overrides["verifier"] = {
         **overrides.get("verifier", {}),
         "snapshot_path": str(tmp / "estimator_snapshot.json"),

@@ -3,8 +3,9 @@
 Triton calls the entry model's `execute` on one thread: whatever it does there delays every
 other client's next request. Tokenizing a long prompt there (seconds for a megabyte, with the
 GIL held) did exactly that. So `execute` only checks a request's inputs (`EntryIntake.check`:
-`parse_prompt_request`, cheap, and an oversized prompt is refused by its byte length against
-the bound `avspec.serving.prompt_bound.max_token_bytes` derives once from the tokenizer) and
+`parse_prompt_request`, cheap, and an oversized prompt is refused by its byte length, less the
+bytes the tokenizer drops without a token, against the bound
+`avspec.serving.prompt_bound.prompt_bound_of` derives once from the tokenizer) and
 hands it to `EntryIntake.submit`, whose worker threads tokenize it and submit it to the
 scheduler; `execute` returns at once and the scheduler thread keeps stepping.
 
@@ -40,7 +41,7 @@ from avspec.engine.admission import AdmissionQueue
 from avspec.engine.scheduler import Scheduler, StepFn
 from avspec.engine.sequence import StepReport
 from avspec.runtime.tokenizer import Tokenizer
-from avspec.serving.prompt_bound import max_token_bytes
+from avspec.serving.prompt_bound import prompt_bound_of
 from avspec.serving.repository import EntryParams, read_config_parameters
 from avspec.serving.requests import PromptRequest, parse_prompt_request
 
@@ -157,8 +158,8 @@ class EntryIntake:
         self.scheduler = scheduler
         self.tokenizer = tokenizer
         self.params = params
-        self.token_bytes = max_token_bytes(tokenizer)  # None: prompts have no byte bound
-        if self.token_bytes is None:
+        self.prompt_bound = prompt_bound_of(tokenizer)  # None: prompts have no byte bound
+        if self.prompt_bound is None:
             logger.warning(
                 "no sound bytes-per-token bound for %r: prompts are tokenized in full before "
                 "the context check", tokenizer,
@@ -181,7 +182,7 @@ class EntryIntake:
     def check(self, values: Mapping[str, np.ndarray | None], client: str) -> PromptRequest:
         """`parse_prompt_request` of one request's inputs, with the tokenizer's byte bound;
         RequestError naming the input (an oversized `text_input` included, untokenized)."""
-        return parse_prompt_request(values, self.params, client, self.token_bytes)
+        return parse_prompt_request(values, self.params, client, self.prompt_bound)
 
     def submit(self, prompt: PromptRequest, sink: RequestSink) -> None:
         """Queue `prompt` for tokenization; Overloaded (nothing queued) past a queue limit."""

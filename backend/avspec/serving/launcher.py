@@ -19,7 +19,12 @@ user's pair: before tritonserver starts, the pair is checked from configs and to
 (avspec.serving.model_pair; a mismatch exits 1 with the pair check's message), one line per
 model is printed (path, architecture, dtype, parameters, KV cache reserved), and a copy of the
 repository with the pair's overrides (model_dir, vocab_limit, capped max_length / max_context,
-the verifier's pair_id) is served from a temporary directory.
+the verifier's pair_id) is served from a temporary directory. Either model may be a llama.cpp
+`.gguf` file instead (Llama-family only): it is converted once into a Hugging Face directory
+(bfloat16) cached under `--gguf-cache` by the file's sha256 (avspec.serving.gguf_models), in
+the process that parses the arguments, before root is dropped; the pair check, the sandbox and
+the re-executed launcher see only the converted directory. A file that is missing or that does
+not convert exits 1 with the reason.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import time
 from pathlib import Path
 
 from avspec.serving.exposure import ADMIN_KEY_ENV, ADMIN_KEY_HEADER, read_admin_key
+from avspec.serving.gguf_models import model_directory
 from avspec.serving.model_pair import prepare_pair
 from avspec.serving.repository import copy_repository
 from avspec.serving.restart import RestartBudget
@@ -49,6 +55,7 @@ from avspec.serving.server_files import grant_writable, sandbox_paths, server_fi
 from avspec.serving.server_process import ServerError, ServerProcess
 
 ADMIN_KEY_FD_ENV = "AVSPEC_ADMIN_KEY_FD"  # the pipe holding the key across the sandbox's exec
+DEFAULT_GGUF_CACHE = Path("build/gguf-cache")  # the cache avspec.tools.fetch_target uses
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,13 +107,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--draft-model",
         type=Path,
-        help="the draft's model directory (a Hugging Face checkpoint, the only model format), "
-        "overriding the draft model's model_dir; with either of --draft-model and "
-        "--target-model the pair is checked and described before tritonserver starts, and a "
-        "rewritten copy of the repository is served",
+        help="the draft's model: a directory (a Hugging Face checkpoint, the only format the "
+        "runtime serves) or a Llama-family .gguf file, converted once into one under "
+        "--gguf-cache; it overrides the draft model's model_dir. With either of --draft-model "
+        "and --target-model the pair is checked and described before tritonserver starts, and "
+        "a rewritten copy of the repository is served",
     )
     parser.add_argument(
-        "--target-model", type=Path, help="the target's model directory (see --draft-model)"
+        "--target-model",
+        type=Path,
+        help="the target's model: a directory or a .gguf file (see --draft-model)",
+    )
+    parser.add_argument(
+        "--gguf-cache",
+        type=Path,
+        default=DEFAULT_GGUF_CACHE,
+        help="where .gguf models are converted, by the file's sha256 (default: %(default)s, "
+        "relative to the working directory, shared with avspec.tools.fetch_target)",
     )
     parser.add_argument(
         "--user",
@@ -219,6 +236,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         admin_key = _admin_key(args)
         user = server_user(args.user) if not os.environ.get(SANDBOXED_ENV) else None
+        convert_gguf_models(args)
         if user is not None and args.reexec:
             _reexec_sandboxed(args, user, admin_key)  # returns only on failure
         elif user is None and os.geteuid() == 0 and not os.environ.get(SANDBOXED_ENV):
@@ -228,6 +246,21 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     with tempfile.TemporaryDirectory(prefix="avspec-repository-") as workdir:
         return _serve_in(args, Path(workdir), admin_key)
+
+
+def convert_gguf_models(args: argparse.Namespace) -> None:
+    """Replace a --draft-model / --target-model that names a .gguf file by its converted
+    directory (avspec.serving.gguf_models), in `args` and in the arguments a re-execution
+    gets (`args.argv`: the directory is appended, and argparse keeps an option's last value).
+    Raises GGUFError (a ValueError) naming the file for one that cannot be converted."""
+    for option, dest in (("--draft-model", "draft_model"), ("--target-model", "target_model")):
+        given = getattr(args, dest)
+        if given is None:
+            continue
+        directory = model_directory(given, args.gguf_cache, option)
+        if directory != given:
+            setattr(args, dest, directory)
+            args.argv = [*args.argv, option, str(directory)]
 
 
 def _admin_key(args: argparse.Namespace) -> str | None:

@@ -30,7 +30,7 @@ from avspec.engine.scheduler import MAX_TEMPERATURE
 from avspec.engine.sequence import GenerationRequest, StepReport
 from avspec.runtime.model_dir import load_tokenizer
 from avspec.runtime.tokenizer import Tokenizer
-from avspec.serving.prompt_bound import prompt_byte_limit
+from avspec.serving.prompt_bound import PromptBound
 from avspec.serving.repository import (
     EntryParams,
     project_root,
@@ -146,14 +146,15 @@ def parse_prompt_request(
     values: Mapping[str, np.ndarray | None],
     params: EntryParams,
     client: str = "",
-    token_bytes: int | None = None,
+    bound: PromptBound | None = None,
 ) -> PromptRequest:
     """Check one request's inputs without tokenizing; RequestError naming the problem.
 
-    `client` is the identity from `parse_client`; `token_bytes` the most bytes one token can
-    consume (`avspec.serving.prompt_bound.max_token_bytes`; None: no byte bound). Refused before
+    `client` is the identity from `parse_client`; `bound` the tokenizer's prompt bound (the most
+    counted bytes one token can consume and the bytes it drops uncounted,
+    `avspec.serving.prompt_bound.prompt_bound_of`; None: no byte bound). Refused before
     tokenizing: a `max_tokens` that leaves no room for a prompt in `max_context`, and a
-    `text_input` longer than the room's tokens times `token_bytes`.
+    `text_input` with more counted bytes than the room's tokens times `bound.token_bytes`.
     """
     text = _scalar(values, "text_input")
     if text is None:
@@ -174,13 +175,21 @@ def parse_prompt_request(
         text = text.encode("utf-8", errors="surrogatepass")
     if not isinstance(text, bytes | np.bytes_):
         raise RequestError("text_input must be a non-empty string")
-    if token_bytes is not None and len(text) > prompt_byte_limit(token_bytes, room):
-        raise RequestError(
-            f"text_input is {len(text)} bytes; at most {prompt_byte_limit(token_bytes, room)} "
-            f"bytes can fit the {room} prompt tokens left by max_context {params.max_context}, "
-            f"max_tokens {max_tokens} and {k} draft tokens (a token spans at most "
-            f"{token_bytes} bytes)"
-        )
+    if bound is not None and len(text) > (limit := bound.byte_limit(room)):
+        counted = bound.counted_bytes(text)  # only past the limit: one pass, C speed
+        if counted > limit:
+            unit = "counted bytes" if bound.dropped else "bytes"
+            size = f"{len(text)} bytes"
+            if counted < len(text):
+                size += (
+                    f" ({counted} counted: the tokenizer drops the other "
+                    f"{len(text) - counted} without a token)"
+                )
+            raise RequestError(
+                f"text_input is {size}; at most {limit} {unit} can fit the {room} prompt tokens "
+                f"left by max_context {params.max_context}, max_tokens {max_tokens} and {k} "
+                f"draft tokens (a token spans at most {bound.token_bytes} {unit})"
+            )
     try:
         text = bytes(text).decode("utf-8")
     except UnicodeDecodeError:
@@ -222,11 +231,11 @@ def parse_generation_inputs(
     params: EntryParams,
     tokenizer: Tokenizer,
     client: str = "",
-    token_bytes: int | None = None,
+    bound: PromptBound | None = None,
 ) -> tuple[GenerationRequest, bool]:
     """Return (request, stream) from one request's inputs: `parse_prompt_request`, then the
     text tokenized here (RequestError naming the problem)."""
-    prompt = parse_prompt_request(values, params, client, token_bytes)
+    prompt = parse_prompt_request(values, params, client, bound)
     return prompt.generation(tokenizer.encode(prompt.text)), prompt.stream
 
 

@@ -118,8 +118,8 @@ def test_a_huge_prompt_is_refused_without_tokenizing(hf_tokenizer, monkeypatch) 
     calls: list[str] = []
     monkeypatch.setattr(hf_tokenizer, "encode", lambda text: calls.append(text) or [1])
     intake = EntryIntake(Scheduler(never_called, 1, 4, 512, 8), hf_tokenizer, PARAMS)
-    bytes_per_token = intake.token_bytes
-    assert bytes_per_token is not None
+    assert intake.prompt_bound is not None and intake.prompt_bound.dropped == b""
+    bytes_per_token = intake.prompt_bound.token_bytes
     limit = (512 - 16 - 8) * bytes_per_token  # the prompt tokens left, each at most L bytes
     with pytest.raises(RequestError, match=rf"^text_input is 1000000 bytes; at most {limit} "):
         intake.check(values(b"x" * 1_000_000), "A")

@@ -21,6 +21,7 @@ from helpers.hf_dirs import (  # noqa: E402
 
 from avspec.runtime.model_dir import ModelDirError  # noqa: E402
 from avspec.runtime.pair import PairError  # noqa: E402
+from avspec.runtime.precision import auto_dtype  # noqa: E402
 from avspec.serving import launcher  # noqa: E402
 from avspec.serving.model_pair import pair_identity, prepare_pair  # noqa: E402
 from avspec.serving.repository import StageParams, read_config_parameters  # noqa: E402
@@ -68,11 +69,15 @@ def test_prepare_pair_describes_caps_and_overrides(pair: tuple[Path, Path]) -> N
         }
         hf = tiny_llama(tokens + 8, seed=3)
         assert summary.num_parameters == sum(p.numel() for p in hf.parameters())
-        kv = 2 * TINY_LLAMA["num_hidden_layers"] * TINY_LLAMA["num_key_value_heads"] * 16 * 4
+        element = auto_dtype().itemsize  # the repository's dtype is auto
+        kv = 2 * TINY_LLAMA["num_hidden_layers"] * TINY_LLAMA["num_key_value_heads"] * 16 * element
         assert summary.kv_bytes_per_token == kv
         assert summary.kv_cache_bytes == summary.max_sequences * MAX_POSITIONS * kv
         line = summary.line()
-        assert line.startswith(f"avspec: {role} {directory.resolve()}: LlamaForCausalLM, float32,")
+        served = str(auto_dtype()).removeprefix("torch.")
+        assert line.startswith(
+            f"avspec: {role} {directory.resolve()}: LlamaForCausalLM, {served} (auto),"
+        )
         assert f"{summary.num_parameters:,} parameters" in line and "KV cache" in line
     assert prepared.overrides["speculative"] == {"max_context": str(MAX_POSITIONS)}
     assert prepared.overrides["verifier"] == {"pair_id": pair_identity(draft, target)}
@@ -141,7 +146,7 @@ def test_launcher_serves_a_rewritten_copy(
     params = read_config_parameters((copy / "target" / "config.pbtxt").read_text())
     assert params["model_dir"] == str(target.resolve())
     assert params["max_length"] == str(MAX_POSITIONS)
-    assert params["dtype"] == "float32"
+    assert params["dtype"] == "auto"  # the repository's, kept
     entry = read_config_parameters((copy / "speculative" / "config.pbtxt").read_text())
     assert entry["max_context"] == str(MAX_POSITIONS)
     assert REPOSITORY.joinpath("target", "config.pbtxt").read_text().count(str(target)) == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from helpers import ROOT
 from avspec.engine.sequence import StepReport
 from avspec.runtime.hf_tokenizer import HFTokenizer
 from avspec.runtime.tokenizer import ByteTokenizer
+from avspec.serving.prompt_bound import PromptBound
 from avspec.serving.repository import (
     EntryParams,
     model_parameters,
@@ -24,6 +26,7 @@ from avspec.serving.requests import (
     entry_tokenizer,
     parse_client,
     parse_generation_inputs,
+    parse_prompt_request,
     served_tokenizer_dir,
     target_model_dir,
 )
@@ -110,6 +113,30 @@ def test_integer_and_temperature_bounds_are_inclusive() -> None:
     assert request.max_tokens == 2**31 - 1 and request.temperature == MAX_TEMPERATURE
     request, _ = parse(random_seed=np.int64(-1))
     assert request.random_seed == 2**63 - 1
+
+
+def test_an_oversized_prompt_is_refused_by_its_counted_bytes() -> None:
+    """Bytes the tokenizer drops without a token are not counted; the rest may fill the room's
+    tokens times L; a megabyte is refused in a count, not a tokenization."""
+    bound = PromptBound(4, dropped=b"\x13\xff")
+    room = 100 - 4 - 8  # max_context, max_tokens, draft tokens
+    params = EntryParams(max_context=100, max_draft_tokens=8)
+    fits = b"\x13" * 10_000 + b"x" * (room * 4)
+    assert parse_prompt_request(inputs(text_input=fits), params, "", bound).text.endswith("x")
+    with pytest.raises(
+        RequestError,
+        match=rf"^text_input is {len(fits) + 1} bytes \({room * 4 + 1} counted: the tokenizer "
+        rf"drops the other 10000 without a token\); at most {room * 4} counted bytes can fit "
+        rf"the {room} prompt tokens .* \(a token spans at most 4 counted bytes\)$",
+    ):
+        parse_prompt_request(inputs(text_input=fits + b"x"), params, "", bound)
+    with pytest.raises(RequestError, match=r"^text_input is \d+ bytes; at most 352 bytes "):
+        parse_prompt_request(inputs(text_input=b"x" * 353), params, "", PromptBound(4))
+    megabyte = b"The quick brown fox jumps over the lazy dog. " * 22_223
+    started = time.perf_counter()
+    with pytest.raises(RequestError, match="^text_input is 1000035 bytes; at most 352 counted"):
+        parse_prompt_request(inputs(text_input=megabyte), params, "", bound)
+    assert time.perf_counter() - started < 0.05
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,5 @@
-"""Prompt sets: deterministic, in the byte range, from held-out files only."""
+"""Prompt sets: deterministic, in the byte range, from held-out files only; the chat set in
+the given directory's chat template."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import pytest
 
 from avspec.tools.training.corpus import TOPICS_PREFIX, corpus_files, split_files
 from avspec.tools.workloads import (
+    CHAT_CANDIDATES,
+    CHAT_SEED,
     MAX_BYTES,
     MIN_BYTES,
     build_workloads,
+    chat_prompts,
     even_pick,
     fit,
     main,
@@ -77,3 +81,68 @@ def test_main_writes_jsonl(tmp_path):
         "high_entropy.jsonl",
         "prose.jsonl",
     ]
+
+
+CHAT_COUNT = 12
+
+
+@pytest.fixture(scope="module")
+def template_dir(tmp_path_factory):
+    """A tokenizer directory with SmolLM2's ChatML template (no weights needed to render)."""
+    from helpers.chat_pair import add_chat_template
+    from helpers.hf_dirs import BOS, EOS, tiny_tokenizer
+
+    directory = tmp_path_factory.mktemp("template")
+    tiny_tokenizer().save(str(directory / "tokenizer.json"))
+    config = {"bos_token": BOS, "eos_token": EOS, "tokenizer_class": "PreTrainedTokenizerFast"}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    return add_chat_template(directory)
+
+
+@pytest.fixture(scope="module")
+def chat(template_dir, split):
+    from avspec.tools.draft.generate import chat_renderer
+
+    return chat_prompts(split[1], CHAT_COUNT, chat_renderer(template_dir))
+
+
+def test_chat_prompts_are_rendered_distinct_and_deterministic(chat, template_dir, split):
+    from avspec.tools.draft.generate import chat_renderer
+    from avspec.tools.draft.prompts import KINDS
+
+    assert chat == chat_prompts(split[1], CHAT_COUNT, chat_renderer(template_dir))
+    assert [row["kind"] for row in chat] == [KINDS[i % len(KINDS)] for i in range(CHAT_COUNT)]
+    messages = [row["messages"][0]["content"] for row in chat]
+    assert len(set(messages)) == CHAT_COUNT
+    for row, message in zip(chat, messages, strict=True):
+        assert row["messages"] == [{"role": "user", "content": message}]
+        assert row["prompt"] == (
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+            f"Face<|im_end|>\n<|im_start|>user\n{message}<|im_end|>\n<|im_start|>assistant\n"
+        )
+
+
+def test_chat_prompts_come_from_held_out_files_only(split):
+    from avspec.tools.draft.prompts import build_prompts
+
+    train, held_out = split
+    held_names = {name for name, _ in held_out}
+    candidates = build_prompts(held_out, CHAT_CANDIDATES * CHAT_COUNT, CHAT_SEED)
+    assert {c.source for c in candidates} <= held_names
+    assert not {c.source for c in candidates} & {name for name, _ in train}
+
+
+def test_main_writes_the_chat_set_only_with_a_template(tmp_path, template_dir):
+    main(["--out", str(tmp_path / "plain"), "--count", "3"])
+    assert not (tmp_path / "plain" / "chat.jsonl").exists()
+    out = tmp_path / "chat"
+    main(["--out", str(out), "--count", "3", "--chat-template-from", str(template_dir),
+          "--chat-count", "7"])  # fmt: skip
+    rows = [json.loads(line) for line in (out / "chat.jsonl").read_text().splitlines()]
+    assert len(rows) == 7
+    for row in rows:
+        assert list(row) == ["prompt", "workload", "kind", "messages"]
+        assert row["workload"] == "chat" and row["prompt"].endswith("<|im_start|>assistant\n")
+        assert row["messages"][0]["content"] in row["prompt"]
+    code = [json.loads(line) for line in (out / "code.jsonl").read_text().splitlines()]
+    assert list(code[0]) == ["prompt", "workload"]

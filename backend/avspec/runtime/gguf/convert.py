@@ -132,6 +132,7 @@ def cached_conversion(
     entry = Path(cache_dir) / digest / dtype_name
     if _complete(entry):
         log(f"using the cached conversion {entry}")
+        entry.chmod(0o755)  # the server's user reads it (older entries were 0700)
         return entry
     if entry.exists():
         shutil.rmtree(entry)

@@ -7,7 +7,13 @@ Phases (`--only` runs one): `data` (held-out then train prompts answered by the 
 files under `<work>/heldout` and `<work>/train`; resumable), `train` (top-64 KL distillation on
 whatever chunks exist, checkpointed to `<work>/checkpoint.pt`; resumable), `report` (held-out
 acceptance at position 1 and AUC, written to `<work>/report.json`, and the draft saved as a
-Hugging Face directory in `--out`). One torch thread by default: the machine is shared.
+Hugging Face directory in `--out`), `card` (the pair's model card, measured on the target and
+the draft in `--out`: `avspec.tools.draft.model_card`; written to `--card`, by default
+`<out>/MODEL_CARD.md`; `--cost-tables` adds the cost ratio). One torch thread by default: the
+machine is shared.
+
+    python -m avspec.tools.draft --only card --target build/target-smollm2 \
+        --out models/smollm2-draft --card build/smollm2-card/MODEL_CARD.md
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from avspec.tools.draft.generate import generate_chunks
 from avspec.tools.draft.prompts import build_prompts
 from avspec.tools.training.corpus import corpus_files, split_files
 
-PHASES = ("data", "train", "report")
+PHASES = ("data", "train", "report", "card")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -42,6 +48,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", choices=PHASES)
+    parser.add_argument("--card", type=Path, help="model card path (default <out>/MODEL_CARD.md)")
+    parser.add_argument("--card-contexts", type=int, default=256, help="held-out chat contexts")
+    parser.add_argument("--cost-tables", type=Path, help="cost file of this pair, for the card")
     return parser.parse_args(argv)
 
 
@@ -69,6 +78,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         report = write_report(args.target, args.work, args.out)
         print(json.dumps(report, indent=2), file=sys.stderr)
+    if args.only in (None, "card"):
+        from avspec.tools.draft.model_card import write_card
+
+        card = args.card if args.card is not None else args.out / "MODEL_CARD.md"
+        write_card(
+            args.target, args.out, card, args.card_contexts, args.seed, args.cost_tables,
+            args.threads,
+        )  # fmt: skip
+        print(f"wrote {card}", file=sys.stderr)
 
 
 if __name__ == "__main__":

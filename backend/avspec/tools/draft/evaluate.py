@@ -14,14 +14,21 @@ outcomes, in expectation over the outcomes, without sampling noise.
 `approx_acceptance` takes p from the saved top-64 logits (mass outside them is dropped: the
 warped nucleus almost always lies inside): cheap, for the training log. `exact_acceptance`
 runs the target itself.
+
+Deeper positions: `draft_chains` cuts each held-out sequence inside its answer, lets the draft
+draft autoregressively from there and keeps, per context and position, the acceptance, q_max,
+the served estimator's feature and the drafted token's acceptance probability
+(`acceptance_by_depth` averages the acceptance; the model card uses all four).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from avspec.av.features import logit_qmax
 from avspec.runtime.transformer import Transformer
 from avspec.tools.training.evaluate import warp
 
@@ -126,7 +133,76 @@ def exact_acceptance(draft: Transformer, target: Transformer, heldout: list[dict
     return result
 
 
+@dataclass(frozen=True)
+class DraftChains:
+    """Drafts made autoregressively by the draft from held-out contexts, each [contexts, depth]:
+    `accept` = sum_v min(p(v), q(v)) at each position (warped p and q), `q_max` the largest
+    warped draft probability, `feature` the served estimator's feature (logit q_max of the
+    temperature-scaled draft distribution, `avspec.av.features.logit_qmax`) and `ratio`
+    = min(1, p(x) / q(x)) of the drafted token x, the chance verification accepts it."""
+
+    accept: torch.Tensor
+    q_max: torch.Tensor
+    feature: torch.Tensor
+    ratio: torch.Tensor
+
+    @property
+    def contexts(self) -> int:
+        return self.accept.shape[0]
+
+
 @torch.no_grad()
+def draft_chain(
+    draft: Transformer,
+    target: Transformer,
+    context: torch.Tensor,
+    depth: int,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """(accept, q_max, feature, ratio), each [depth], of one context [seq] int64 (`DraftChains`).
+
+    The draft samples `depth` tokens from its warped q, full recompute, then the target runs
+    once over the drafted context: the computation and the random draws of
+    `avspec.tools.training.evaluate.acceptance_by_position` for one prompt, so `accept` equals
+    its result for the same generator."""
+    ids = context[None]
+    qs, features = [], []
+    for _ in range(depth):
+        logits = draft(ids)[:, -1]  # (1, vocab)
+        q = warp(logits, TEMPERATURE, TOP_P)
+        features.append(logit_qmax(logits[:, None], TEMPERATURE)[0, 0])
+        token = torch.multinomial(q, 1, generator=generator)
+        qs.append(q[0])
+        ids = torch.cat([ids, token], dim=1)
+    p = warp(target(ids[:, :-1])[:, len(context) - 1 :], TEMPERATURE, TOP_P)[0]  # (depth, vocab)
+    q = torch.stack(qs)  # (depth, vocab)
+    drafted = ids[0, len(context) :, None]
+    ratio = (p.gather(-1, drafted) / q.gather(-1, drafted))[:, 0].clamp(max=1.0)
+    return torch.minimum(p, q).sum(-1), q.max(-1).values, torch.stack(features), ratio
+
+
+@torch.no_grad()
+def draft_chains(
+    draft: Transformer,
+    target: Transformer,
+    heldout: list[dict],
+    depth: int = 4,
+    contexts_per_sequence: int = 1,
+    seed: int = 0,
+) -> DraftChains:
+    """`draft_chain` from contexts ending inside held-out answers: each sequence (`ids`,
+    `prompt_length`, `answer_length`, as `load_chunks` gives) cut after the prompt plus a
+    uniformly drawn share of its answer, `contexts_per_sequence` times."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for seq in heldout:
+        for _ in range(contexts_per_sequence):
+            cut = int(torch.randint(0, seq["answer_length"], (1,), generator=generator))
+            context = seq["ids"][: seq["prompt_length"] + cut]
+            rows.append(draft_chain(draft, target, context, depth, generator))
+    return DraftChains(*(torch.stack(column) for column in zip(*rows, strict=True)))
+
+
 def acceptance_by_depth(
     draft: Transformer,
     target: Transformer,
@@ -135,21 +211,7 @@ def acceptance_by_depth(
     contexts_per_sequence: int = 1,
     seed: int = 0,
 ) -> list[float]:
-    """Mean sum_v min(p, q) at draft positions 1..`depth`: from contexts ending inside held-out
-    answers (prompt + a random share of the answer), the draft samples `depth` tokens from its
-    warped q, and the target's warped p is taken at each drafted context
-    (`avspec.tools.training.evaluate.acceptance_by_position`, one context at a time)."""
-    from avspec.tools.training.evaluate import acceptance_by_position
-
-    generator = torch.Generator().manual_seed(seed)
-    curves = []
-    for seq in heldout:
-        for _ in range(contexts_per_sequence):
-            cut = int(torch.randint(0, seq["answer_length"], (1,), generator=generator))
-            context = seq["ids"][: seq["prompt_length"] + cut][None]
-            curves.append(
-                acceptance_by_position(
-                    draft, target, context, depth, TEMPERATURE, TOP_P, generator=generator
-                )
-            )
-    return torch.tensor(curves).mean(0).tolist()
+    """Mean sum_v min(p, q) at draft positions 1..`depth` over `draft_chains` (the draft
+    samples from its warped q, the target's warped p is taken at each drafted context)."""
+    chains = draft_chains(draft, target, heldout, depth, contexts_per_sequence, seed)
+    return chains.accept.mean(0).tolist()

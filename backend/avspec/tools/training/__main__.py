@@ -88,7 +88,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m avspec.tools.training", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--out", type=Path, default=Path("models"), help="output directory")
+    parser.add_argument("--out", type=Path, default=Path("models/tiny"), help="output directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target-steps", type=int, default=600)
     parser.add_argument("--draft-steps", type=int, default=800)

@@ -1,4 +1,7 @@
-"""The markdown model card of the default pair (models/MODEL_CARD.md), from the training log.
+"""The markdown model card of the tiny pair (models/tiny/MODEL_CARD.md), from the training log.
+
+The tiny pair was the default before SmolLM2-135M-Instruct; it stays as a fast, fully
+reproducible pair for comparisons.
 
 The log is the dict `python -m avspec.tools.training` writes to `training_log.json`: Python and
 torch versions, corpus sizes, each model's `training.json` and the evaluation report
@@ -9,18 +12,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COMMAND = "python -m avspec.tools.training --out models --seed 0"
+COMMAND = "python -m avspec.tools.training --out models/tiny --seed 0"
 
 
 def model_card(out: Path, log: dict) -> str:
     """Markdown model card for the pair in `out`, from the training log."""
     rep, corpus = log["report"], log["corpus"]
     lines = [
-        "# Default draft/target pair",
+        "# Tiny draft/target pair (the default before SmolLM2)",
         "",
         "Two `LlamaForCausalLM` checkpoints (SwiGLU MLP, RMSNorm, rotary positions, grouped-query",
         "attention, tied embeddings) sharing one byte-level BPE tokenizer, trained by",
-        f"`{COMMAND}` (`make models`) on Python {log['python']}, torch {log['torch']}, CPU fp32.",
+        f"`{COMMAND}` (`make tiny-models`) on Python {log['python']}, "
+        f"torch {log['torch']}, CPU fp32.",
         "The draft is distilled from the target (KL to the target's distribution). Weights are",
         "stored in bf16; `transformers` and the served runtime load them as they are.",
         "Reproducible from the seed, the step counts and the thread count on the same Python",

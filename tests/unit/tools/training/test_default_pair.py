@@ -26,7 +26,7 @@ from avspec.runtime.transformer import Transformer, init_weights
 from avspec.tools.training.corpus import corpus_files, heldout_prompts, split_files
 from avspec.tools.training.evaluate import acceptance_by_position
 
-MODELS = Path(__file__).resolve().parents[4] / "models"
+MODELS = Path(__file__).resolve().parents[4] / "models" / "tiny"
 MAX_DIFF = 1e-4
 # Same seed and prompts as the card: only float rounding (thread count, library version)
 # separates the two runs, which can flip a sampled draft token now and then; 0.02 is about one

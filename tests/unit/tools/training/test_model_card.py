@@ -11,7 +11,7 @@ from avspec.runtime.transformer import Transformer
 from avspec.tools.training.model_card import model_card
 
 TINY = llama_form_config(num_layers=1, width=16, num_heads=2, max_length=64)
-MODELS = Path(__file__).resolve().parents[4] / "models"
+MODELS = Path(__file__).resolve().parents[4] / "models" / "tiny"
 
 
 def test_model_card_lists_both_models_and_the_curve(tmp_path):
