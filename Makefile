@@ -72,16 +72,17 @@ tiny-models: $(STAMP) ## retrain the tiny pair and its model card (models/tiny, 
 workloads: models/target/config.json ## rebuild the prompt sets in workloads/ (chat: in the target's template)
 	$(PY) -m avspec.tools.workloads --out workloads --chat-template-from models/target
 
-# Reduced serving benchmark (docs/benchmarks.md): starts its own server on free ports; workloads
-# code and high_entropy, concurrency 1/4/16/64, arms none/k2/k4/k8/av8/ad8; about 10 minutes on 2
-# CPU cores (the last run: 513 s).
+# Reduced serving benchmark on the default pair (docs/benchmarks.md): starts its own server on
+# free ports; workloads chat and code, concurrency 1/4/16/64, arms none/k2/k4/k8/av8/ad8,
+# temperature 0.7, top-p 0.95. The tiny pair's runs used code/high_entropy at temperature 1.
 # Full sweep: $(PY) client/bench_serving.py --start-server --cost-tables $(BENCH_COSTS) --out bench/full
 BENCH_COSTS ?= models/cost_tables.json
-bench: $(STAMP) ## reduced serving benchmark into bench/reduced (about 10 minutes)
+bench: $(STAMP) models/target/config.json ## reduced serving benchmark into bench/reduced-smollm2
 	$(PY) client/bench_serving.py --start-server \
 		$(if $(wildcard $(BENCH_COSTS)),--cost-tables $(BENCH_COSTS)) \
-		--concurrency 1,4,16,64 --arms none,k2,k4,k8,av8,ad8 --workloads code,high_entropy \
-		--prompts 64 --max-tokens 32 --rounds 2 --warmup-requests 128 --out bench/reduced
+		--concurrency 1,4,16,64 --arms none,k2,k4,k8,av8,ad8 --workloads chat,code \
+		--temperature 0.7 --top-p 0.95 --prompts 64 --max-tokens 32 --rounds 2 \
+		--warmup-requests 64 --out bench/reduced-smollm2
 
 # Soak (client/soak.py): starts its own server on free ports, holds 64 concurrent client loops
 # (gRPC stream, HTTP generate / generate_stream, a few cancelled) for 10 minutes plus the server

@@ -227,9 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     seconds = time.perf_counter() - begin
     fit = fit_tokens_and_rows(verify.extra["shapes"])
-    row_ms = max(fit["per_row_ms"], 0.0)
+    # at most the cheapest shape's time per row, so no shape's median nets below 0
+    shapes = verify.extra["shapes"]
+    row_ms = min(max(fit["per_row_ms"], 0.0), min(s["median_ms"] / s["batch"] for s in shapes))
     # The table by tokens, net of the target's per-row cost (avspec.av.step_cost).
-    verify = verify_points(verify.extra["shapes"], verify.extra.pop("samples"), row_ms)
+    verify = verify_points(shapes, verify.extra.pop("samples"), row_ms)
     verify.extra.pop("samples")
     cost = StepCost(
         draft_pass.table("draft_pass"), verify.table("verify"), args.overhead_ms, row_ms

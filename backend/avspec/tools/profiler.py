@@ -125,7 +125,9 @@ def verify_points(
     """
     measured: dict[int, list[float]] = {}
     for shape, times in zip(shapes, samples, strict=True):
-        net = [t - per_row_ms * shape["batch"] for t in times]
+        # a sample faster than the fitted row cost (noise, or a fit the shapes pull past one
+        # shape's own time) nets to 0, not below: a cost table is never negative
+        net = [max(t - per_row_ms * shape["batch"], 0.0) for t in times]
         measured.setdefault(shape["size"], []).extend(net)
     extra = {"shapes": list(shapes), "samples": [list(t) for t in samples]}
     return CostPoints.from_samples(measured, extra)

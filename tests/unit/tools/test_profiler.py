@@ -24,6 +24,7 @@ from avspec.tools.profiler import (
     profile_draft_pass,
     profile_verify_cost,
     sample_ms,
+    verify_points,
 )
 
 CLI = ROOT / "client" / "profile_costs.py"
@@ -203,3 +204,15 @@ def test_cost_points_shape() -> None:
     weighted = CostPoints.from_samples({2: [0.4, 0.4, 0.4], 1: [0.5]})
     assert weighted.sizes == [1, 2] and weighted.repeats == [1, 3]
     assert weighted.table("x").millis == pytest.approx([0.425, 0.425])
+
+
+def test_verify_points_never_net_below_zero() -> None:
+    """A per-row cost above a shape's own time (a fit pulled by the other shapes) or a fast
+    sample nets to 0, and the table stays valid (a negative cost would be refused)."""
+    shapes = [
+        {"batch": 64, "size": 64, "median_ms": 100.0},
+        {"batch": 1, "size": 9, "median_ms": 40.0},
+    ]
+    points = verify_points(shapes, [[90.0, 100.0, 130.0], [39.0, 40.0, 41.0]], per_row_ms=1.8)
+    assert min(min(s) for s in points.samples) == 0.0
+    points.table("verify")  # valid
