@@ -7,7 +7,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: help venv test unit lint format clean serve models tiny-models workloads bench soak costs draft
+.PHONY: help venv test unit lint format clean serve models tiny-models workloads bench soak costs draft card
 
 # `make` alone: every target with its line (the `## ` comment after the target).
 help:
@@ -91,14 +91,14 @@ bench: $(STAMP) models/target/config.json ## reduced serving benchmark into benc
 soak: $(STAMP) ## 64 clients for 10 minutes, memory and shared memory watched (bench/soak)
 	$(PY) client/soak.py --start-server --duration-s 600 --concurrency 64 --out bench/soak
 
-# Re-measure the verifier's cost tables on this machine (models/cost_tables.json, ~1 min): the
+# Re-measure the verifier's cost tables on this machine (models/cost_tables.json, ~6 min): the
 # draft pass by rows and the target by tokens and rows, medians of 30 interleaved repeats,
 # isotonic fit. OVERHEAD_MS is the served path's per-step hops, measured on a running server by
 # client/profile_serving_costs.py. The server also refreshes the tables online (cost_refresh).
 OVERHEAD_MS ?= 5.3
-costs: $(STAMP) ## re-measure the cost tables (models/cost_tables.json, about 1 minute)
+costs: models/target/config.json ## re-measure the cost tables (models/cost_tables.json, about 6 minutes)
 	$(PY) client/profile_costs.py --threads 1 --context 128 --max-draft-tokens 8 \
-		--draft-rows 1,2,4,8,16,32,64 --verify-batch-sizes 1,4,16,64 --repeats 30 --warmup 3 \
+		--draft-rows 1,2,4,8,16,32,64 --verify-batch-sizes 1,4,16,64 --repeats 15 --warmup 2 \
 		--overhead-ms $(OVERHEAD_MS) --output models/cost_tables.json --plot bench/cost_tables.png
 
 # The draft for the default target, trained here (docs/smollm2.md): the target answers chat
@@ -108,3 +108,11 @@ DRAFT_MINUTES ?= 75
 draft: models/target/config.json ## train the draft for SmolLM2 (resumable; models/draft)
 	nice -n 10 $(PY) -m avspec.tools.draft --target models/target --work build/draft-smollm2 \
 		--out models/draft --minutes $(DRAFT_MINUTES) --threads 1
+
+# The default pair's model card (models/MODEL_CARD.md): acceptance by position, calibration and
+# the fitted estimator's ECE, the cost ratio from models/cost_tables.json, greedy samples;
+# 256 held-out chat contexts, one thread (about 5 minutes).
+card: models/target/config.json ## measure the default pair's model card (models/MODEL_CARD.md)
+	$(PY) -m avspec.tools.draft --only card --target models/target --out models/draft \
+		--card models/MODEL_CARD.md --cost-tables models/cost_tables.json --card-contexts 256 \
+		--seed 0 --threads 1
