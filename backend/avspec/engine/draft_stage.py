@@ -21,6 +21,13 @@ feature 0. `draft_probs` is `vocab_width` wide (the stage's `vocab_limit` when s
 real tokens only, the padded rows (q = 0 after masking) dropped. `pass_ms` times each pass on
 the host clock (the cost refresh reads it; on CUDA it is launch time unless the caller
 synchronises).
+
+With a reduced vocabulary (`draft_vocab`, avspec.engine.draft_vocab) the model's passes stop
+before its output layer; the logits of the kept ids only are computed (at each row's last pending
+token, not at every prefill token) and scattered into full-width rows of -inf. Everything after
+(vocab_limit masking, the warp, the sample, the feature, draft_probs) runs on those rows as
+without a map: q = 0 outside the kept ids, and the feature is logit(q_max) of the same masked
+logits the draft samples from.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import torch
 from avspec.av.drafting import DraftPlan, draft_limits, keeps_drafting, stop_confidence
 from avspec.av.features import logit_qmax
 from avspec.contract import StepInputs, read_step_inputs
+from avspec.engine.draft_vocab import DraftVocab, ReducedHead, check_token_ids
 from avspec.engine.sampling import draft_warp, sample
 from avspec.engine.stage import DRAFT_SALT, ModelStage
 
@@ -54,13 +62,22 @@ class DraftStage(ModelStage):
 
     SALT = DRAFT_SALT
 
-    def __init__(self, *args: Any, top_k: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, top_k: int = 0, draft_vocab: DraftVocab | None = None, **kwargs: Any
+    ) -> None:
         """`ModelStage`'s arguments plus `top_k`: draft from the top_k most probable tokens
-        within top-p (`engine.sampling.draft_warp`; 0: the target's warp)."""
+        within top-p (`engine.sampling.draft_warp`; 0: the target's warp), and `draft_vocab`:
+        compute logits for its kept ids only, q = 0 elsewhere (None: the whole vocabulary).
+        The map's ids must lie below `vocab_width`."""
         super().__init__(*args, **kwargs)
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0: the target's warp), got {top_k!r}")
         self.top_k = top_k
+        self.head: ReducedHead | None = None
+        if draft_vocab is not None:
+            where = f"draft vocabulary {draft_vocab.path}" if draft_vocab.path else "draft_vocab"
+            check_token_ids(list(draft_vocab.token_ids), self.vocab_width, where)
+            self.head = ReducedHead(self.model, draft_vocab)
 
     @torch.inference_mode()
     def __call__(self, inputs: StepInputs) -> DraftOutput:
@@ -87,9 +104,9 @@ class DraftStage(ModelStage):
         packed = torch.cat(
             [inputs.input_ids[r, offsets[r] : step.input_lengths[r]] for r in range(batch)]
         ).to(self.device, torch.int64)  # [tokens]
-        logits = self.model.forward_cached(self.cache, step.seq_ids, packed, lengths)
         last = torch.tensor(lengths, device=self.device).cumsum(0) - 1  # [batch]
-        logits = logits[last]  # [batch, vocab], at each row's last pending token
+        # [batch, vocab], at each row's last pending token
+        logits = self._forward(step.seq_ids, packed, lengths, last)
         limits, stops = draft_limits(
             step.num_draft_tokens, step.adaptive, step.adaptive_drafting, plan
         )
@@ -105,7 +122,7 @@ class DraftStage(ModelStage):
             else:
                 previous = out.draft_tokens[index, position - 1].long()  # [rows]
                 seq_ids = [step.seq_ids[r] for r in rows]
-                logits = self.model.forward_cached(self.cache, seq_ids, previous, [1] * len(rows))
+                logits = self._forward(seq_ids, previous, [1] * len(rows))
             draw = _Draw(index, temperature[index], top_p[index], [generators[r] for r in rows])
             features = self._draft_position(position, draw, logits, out, alive.mask(index))
             alive.update(rows, index, position, features)
@@ -113,6 +130,27 @@ class DraftStage(ModelStage):
             out.pass_ms[position] = (now - started) * 1e3
             started = now
         return out
+
+    def _forward(
+        self,
+        seq_ids: list[int],
+        tokens: torch.Tensor,
+        lengths: list[int],
+        last: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run packed `tokens` through the model (cached); the logits [rows, model vocab] at the
+        tokens `last` [rows] (None: every token). With a reduced vocabulary only the kept ids'
+        logits are computed, the rest are -inf (`_head`)."""
+        if self.head is None:
+            logits = self.model.forward_cached(self.cache, seq_ids, tokens, lengths)
+            return logits if last is None else logits[last]
+        hidden = self.model.forward_cached(self.cache, seq_ids, tokens, lengths, hidden=True)
+        return self._head(hidden if last is None else hidden[last])
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The reduced output layer: last block outputs [rows, width] -> logits [rows, vocab]."""
+        assert self.head is not None
+        return self.head(hidden)
 
     @property
     def compact(self) -> bool:

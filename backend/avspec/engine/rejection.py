@@ -22,6 +22,10 @@ K for the accept tests and one for the one token drawn by `avspec.engine.samplin
 independently of the accept decisions, so one draw per call is exact), so its output never
 depends on the other requests in the batch nor on their num_verify (what it costs:
 docs/benchmarks.md).
+
+Work: besides the one row drawn from, the test reads p and q at the drafted tokens only, and p
+only at positions 0..num_verify. `packed_rejection_sample` takes p at exactly those positions
+(the target stage warps no others), `rejection_sample` all K + 1 of them; one core serves both.
 """
 
 from __future__ import annotations
@@ -50,14 +54,13 @@ def rejection_sample(
     generators: one per request. An empty batch returns empty outputs. `check_values` validates
     value ranges (a host sync on CUDA).
     """
-    batch, num_pos, _ = _check_inputs(
-        draft_tokens, draft_probs, target_probs, num_verify, check_values
-    )
-    device = target_probs.device
-    check_generators("generators", generators, batch, device)
-    noise = uniform_noise(generators, (num_pos + 1,), device)
+    _check_drafts(draft_tokens)
+    batch, num_pos = draft_tokens.shape
+    check_shape("target_probs", target_probs, (batch, num_pos + 1, None))
+    _check_probs(draft_tokens, draft_probs, target_probs, num_verify, check_values)
+    uniforms, draw = _noise(generators, batch, num_pos, target_probs.device)
     return rejection_sample_from_noise(
-        draft_tokens, draft_probs, target_probs, num_verify, noise[:, :num_pos], noise[:, num_pos]
+        draft_tokens, draft_probs, target_probs, num_verify, uniforms, draw
     )
 
 
@@ -72,26 +75,83 @@ def rejection_sample_from_noise(
     """The vectorised core of `rejection_sample`, given its noise (no input checks).
 
     uniforms [batch, K] in [0, 1) for the accept tests, draw [batch] in [0, 1) for the recovered
-    or bonus token. Tests call it directly
-    to vectorise many trials with one generator.
+    or bonus token. Tests call it directly to vectorise many trials with one generator. It is
+    the packed form with every row's K + 1 positions (row r's at r * (K + 1)).
+    """
+    batch, num_pos = draft_tokens.shape
+    first = torch.arange(batch, device=target_probs.device) * (num_pos + 1)
+    return packed_rejection_sample_from_noise(
+        draft_tokens, draft_probs, target_probs.flatten(0, 1), first, num_verify, uniforms, draw
+    )
+
+
+def packed_rejection_sample(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    first_position: torch.Tensor,
+    num_verify: torch.Tensor,
+    generators: Sequence[torch.Generator],
+    *,
+    check_values: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rejection_sample` given p at the positions it reads only: row r's positions
+    0..num_verify[r] at target_probs [positions, vocab] rows first_position[r] + j.
+
+    first_position [batch] int. Same outputs, same draws (K + 1 uniforms per row), for p equal
+    at those positions (what p holds past num_verify never matters).
+    """
+    _check_drafts(draft_tokens)
+    batch, num_pos = draft_tokens.shape
+    check_shape("target_probs", target_probs, (None, None))
+    check_shape("first_position", first_position, (batch,))
+    _check_integer("first_position", first_position)
+    _check_probs(draft_tokens, draft_probs, target_probs, num_verify, check_values)
+    check_same_device(target_probs=target_probs, first_position=first_position)
+    if check_values and batch > 0:
+        last = first_position.long() + num_verify.long()
+        if bool(((first_position < 0) | (last >= target_probs.shape[0])).any()):
+            raise ValueError(
+                f"first_position + 0..num_verify must lie in 0..{target_probs.shape[0] - 1}"
+            )
+    uniforms, draw = _noise(generators, batch, num_pos, target_probs.device)
+    return packed_rejection_sample_from_noise(
+        draft_tokens, draft_probs, target_probs, first_position, num_verify, uniforms, draw
+    )
+
+
+def packed_rejection_sample_from_noise(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    first_position: torch.Tensor,
+    num_verify: torch.Tensor,
+    uniforms: torch.Tensor,
+    draw: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The vectorised core of both forms, given the noise (no input checks).
+
+    Reads p and q at the drafted tokens and the full rows of one position per request (where
+    its token is drawn), in their own dtype, converted to float32 after the reads.
     """
     batch, num_pos = draft_tokens.shape
     device = target_probs.device
     tokens = draft_tokens.long()
-    p = target_probs.float()
-    q = draft_probs.float()
-    p_draft = p[:, :num_pos].gather(-1, tokens[..., None]).squeeze(-1)  # [batch, K]
-    q_draft = q.gather(-1, tokens[..., None]).squeeze(-1)  # [batch, K]
+    first, verify = first_position.long(), num_verify.long()
     positions = torch.arange(num_pos, device=device)
-    verified = positions[None, :] < num_verify[:, None].long()  # [batch, K]
+    verified = positions[None, :] < verify[:, None]  # [batch, K]
+    # p at each draft's position; past num_verify the bonus position's (the test ignores it)
+    at = first[:, None] + torch.minimum(positions[None, :], verify[:, None])  # [batch, K]
+    p_draft = target_probs[at, tokens].float()  # [batch, K]
+    q_draft = draft_probs.gather(-1, tokens[..., None]).squeeze(-1).float()  # [batch, K]
     # u < p/q, written without the division; always true when p >= q since u < 1.
     accepted = (uniforms * q_draft < p_draft) & verified
     num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)  # [batch]
 
     rows = torch.arange(batch, device=device)
-    p_at = p[rows, num_accepted]  # [batch, vocab]
-    q_at = q[rows, num_accepted.clamp(max=num_pos - 1)]  # [batch, vocab]
-    rejected = (num_accepted < num_verify.long())[:, None]
+    p_at = target_probs[first + num_accepted].float()  # [batch, vocab]
+    q_at = draft_probs[rows, num_accepted.clamp(max=num_pos - 1)].float()  # [batch, vocab]
+    rejected = (num_accepted < verify)[:, None]
     residual = torch.where(rejected, (p_at - q_at).clamp_min(0), p_at)
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_at)
     last = inverse_cdf(residual, draw)  # [batch]
@@ -103,18 +163,35 @@ def rejection_sample_from_noise(
     return output_ids.int(), num_accepted.int()
 
 
-def _check_inputs(
+def _noise(
+    generators: Sequence[torch.Generator], batch: int, num_pos: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each request's K + 1 uniforms: K accept tests [batch, K], then the token draw [batch]."""
+    check_generators("generators", generators, batch, device)
+    noise = uniform_noise(generators, (num_pos + 1,), device)
+    return noise[:, :num_pos], noise[:, num_pos]
+
+
+def _check_integer(name: str, tensor: torch.Tensor) -> None:
+    if tensor.is_floating_point() or tensor.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer tensor, got {tensor.dtype}")
+
+
+def _check_drafts(draft_tokens: torch.Tensor) -> None:
+    check_shape("draft_tokens", draft_tokens, (None, None))
+    if draft_tokens.shape[1] == 0:
+        raise ValueError("draft_tokens has K = 0 draft positions; K must be >= 1")
+
+
+def _check_probs(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
     num_verify: torch.Tensor,
     check_values: bool,
-) -> tuple[int, int, int]:
-    check_shape("draft_tokens", draft_tokens, (None, None))
+) -> None:
+    """The checks both forms share, once target_probs' leading dims are checked."""
     batch, num_pos = draft_tokens.shape
-    if num_pos == 0:
-        raise ValueError("draft_tokens has K = 0 draft positions; K must be >= 1")
-    check_shape("target_probs", target_probs, (batch, num_pos + 1, None))
     vocab = target_probs.shape[-1]
     if vocab == 0:
         raise ValueError("target_probs must have a non-empty vocab dimension")
@@ -126,9 +203,8 @@ def _check_inputs(
         target_probs=target_probs,
         num_verify=num_verify,
     )
-    for name, tensor in (("draft_tokens", draft_tokens), ("num_verify", num_verify)):
-        if tensor.is_floating_point() or tensor.dtype == torch.bool:
-            raise ValueError(f"{name} must be an integer tensor, got {tensor.dtype}")
+    _check_integer("draft_tokens", draft_tokens)
+    _check_integer("num_verify", num_verify)
     if check_values and batch > 0:
         check_finite("draft_probs", draft_probs)
         check_finite("target_probs", target_probs)
@@ -138,4 +214,3 @@ def _check_inputs(
             raise ValueError(f"draft_tokens must lie in 0..{vocab - 1}")
         if bool(((num_verify < 0) | (num_verify > num_pos)).any()):
             raise ValueError(f"num_verify must lie in 0..{num_pos}")
-    return batch, num_pos, vocab

@@ -49,7 +49,11 @@ def warp_probs(
         _check_warp_values(logits, temperature, top_p)
     logits = logits.float()
     greedy = (temperature == 0)[:, None, None]  # [batch, 1, 1]
-    probs = torch.softmax(logits / _scale(temperature)[:, None, None], dim=-1)
+    if logits.device.type == "cpu" and bool(greedy.all()):
+        return _one_hot_argmax(logits)  # the softmax and nucleus would go unused
+    scale = _scale(temperature)[:, None, None]
+    on_cpu_at_one = logits.device.type == "cpu" and bool((scale == 1).all())
+    probs = torch.softmax(logits if on_cpu_at_one else logits / scale, dim=-1)  # x / 1 == x
     probs = _top_p_filter(probs, top_p.float()[:, None, None])
     if probs.device.type == "cpu" and not bool(greedy.any()):
         return probs  # the one-hot argmax costs ~10 % of a CPU draft pass; skip it when unused
@@ -125,10 +129,10 @@ def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """
     whole = top_p >= 1.0
     if probs.device.type != "cpu":
-        keep = _nucleus_by_sort(probs, top_p)
-    else:
-        keep = _nucleus_by_topk(probs, top_p, whole)
-    return _renormalised(probs, keep | whole)
+        return _renormalised(probs, _nucleus_by_sort(probs, top_p) | whole)
+    if bool(whole.all()):
+        return probs / _row_sums(probs)  # every token kept
+    return _renormalised(probs, _nucleus_by_topk(probs, top_p, whole))
 
 
 def _nucleus_by_sort(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -140,7 +144,7 @@ def _nucleus_by_sort(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
 
 def _nucleus_by_topk(probs: torch.Tensor, top_p: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
-    """`_nucleus_by_sort`'s mask, from the sorted values only (rows where `skip`: anything).
+    """`_nucleus_by_sort`'s mask, from the sorted values only (rows where `skip`: every token).
 
     The nucleus length n depends only on the values in descending order, so it is read from the
     `NUCLEUS_FIRST_K` largest (`topk`), and for the rows whose nucleus may be longer from all
@@ -152,31 +156,68 @@ def _nucleus_by_topk(probs: torch.Tensor, top_p: torch.Tensor, skip: torch.Tenso
     vocab = probs.shape[-1]
     rows = probs.reshape(-1, vocab)
     row_top_p = top_p.expand(*probs.shape[:-1], 1).reshape(-1)
-    n_keep = torch.ones(rows.shape[0], dtype=torch.int64)
-    last = rows.amax(dim=-1)
-    pending = (~skip.expand(*probs.shape[:-1], 1).reshape(-1)).nonzero()[:, 0]
-    for k in (min(vocab, NUCLEUS_FIRST_K), vocab):
-        if not len(pending):
-            break
-        if k < vocab:
-            values = torch.topk(rows[pending], k, dim=-1).values
-        else:
-            values = torch.from_numpy(np.sort(rows[pending].numpy(), axis=-1)[:, ::-1].copy())
-        mass_before = torch.cumsum(values, dim=-1) - values
-        count = (mass_before < row_top_p[pending, None]).sum(-1)
-        n_keep[pending] = count
-        last[pending] = values.gather(-1, (count - 1)[:, None])[:, 0]
-        pending = pending[count == k]
-    above = rows > last[:, None]
-    ties = rows == last[:, None]
-    needed = n_keep - above.sum(-1)
-    keep = above | (ties & (torch.cumsum(ties, dim=-1) <= needed[:, None]))
+    active = (~skip.expand(*probs.shape[:-1], 1).reshape(-1)).nonzero()[:, 0]
+    if len(active) == rows.shape[0]:
+        return _nucleus_rows(rows, row_top_p).reshape(probs.shape)
+    keep = torch.ones(rows.shape, dtype=torch.bool)
+    if len(active):
+        keep[active] = _nucleus_rows(rows[active], row_top_p[active])
     return keep.reshape(probs.shape)
 
 
+def _nucleus_rows(rows: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """`_nucleus_by_topk` on rows [n, vocab], top_p [n] (every row filtered)."""
+    n, vocab = rows.shape
+    n_keep = torch.empty(n, dtype=torch.int64)
+    last = torch.empty(n, dtype=rows.dtype)  # the n_keep-th value t
+    above = torch.empty(n, dtype=torch.int64)  # how many values exceed t
+    pending: slice | torch.Tensor = slice(None)  # the rows still to read: all, then an index
+    for k in (min(vocab, NUCLEUS_FIRST_K), vocab):
+        part = rows[pending]
+        if not len(part):
+            break
+        if k < vocab:
+            values = torch.topk(part, k, dim=-1).values
+        else:
+            values = torch.from_numpy(np.sort(part.numpy(), axis=-1)[:, ::-1].copy())
+        mass_before = torch.cumsum(values, dim=-1) - values
+        count = _count(mass_before < top_p[pending, None])
+        t = values.gather(-1, (count - 1)[:, None])  # [pending, 1]
+        n_keep[pending], last[pending] = count, t[:, 0]
+        # descending: every value above t precedes it, so lies among these k
+        above[pending] = _count(values > t)
+        pending = torch.arange(n)[pending][count == k]
+    # of the tokens equal to t, keep the lowest n_keep - above ids: up to the id `cutoff`
+    ties = rows == last[:, None]
+    tie_rows, tie_ids = ties.nonzero(as_tuple=True)  # by row, then by id
+    tie_counts = torch.bincount(tie_rows, minlength=n)
+    tie_start = torch.cumsum(tie_counts, dim=0) - tie_counts
+    cutoff = tie_ids[tie_start + n_keep - above - 1]  # n_keep - above >= 1: t itself is kept
+    ids = torch.arange(vocab)
+    return (rows > last[:, None]) | (ties & (ids <= cutoff[:, None]))
+
+
+def _count(mask: torch.Tensor) -> torch.Tensor:
+    """The True entries per row of mask [n, width] -> [n] int64 (summed in int32: on the CPU
+    twice as fast as in int64)."""
+    return mask.sum(dim=-1, dtype=torch.int32).long()
+
+
 def _renormalised(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    kept = torch.where(keep, probs, torch.zeros_like(probs))
-    return kept / kept.sum(dim=-1, keepdim=True)
+    kept = torch.where(keep, probs, 0.0)
+    return kept.div_(_row_sums(kept))  # in place: one fresh [..., vocab] buffer, not two
+
+
+def _row_sums(x: torch.Tensor) -> torch.Tensor:
+    """x.sum(-1, keepdim=True), each row rounded the same whatever the number of rows.
+
+    With several threads torch splits a tensor's only sum between them (its own rounding), so
+    a lone row is summed as one of two (itself twice); rows of any batch are summed alike.
+    """
+    if x.numel() != x.shape[-1]:
+        return x.sum(dim=-1, keepdim=True)
+    pair = x.reshape(1, -1).expand(2, -1)
+    return pair.sum(dim=-1, keepdim=True)[:1].reshape(*x.shape[:-1], 1)
 
 
 def _one_hot_argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -210,9 +251,19 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     cumulative = torch.cumsum(probs.double(), dim=-1)
     point = (uniforms * cumulative[..., -1])[..., None]
     token = torch.searchsorted(cumulative, point, right=True)[..., 0]
+    if probs.device.type == "cpu":
+        # the CPU sums in order, so adding a zero mass leaves the running sum exactly as it
+        # was: a token found has positive mass, and only a point past the end (rare) needs the
+        # last one of positive mass
+        over = token == probs.shape[-1]
+        return torch.where(over, _last_positive(probs), token) if bool(over.any()) else token
+    return torch.minimum(token, _last_positive(probs))
+
+
+def _last_positive(probs: torch.Tensor) -> torch.Tensor:
+    """The last token of positive mass in each row of probs [..., vocab] (-1: none)."""
     ids = torch.arange(probs.shape[-1], device=probs.device)
-    last_positive = torch.where(probs > 0, ids, -1).amax(dim=-1)
-    return torch.minimum(token, last_positive)
+    return torch.where(probs > 0, ids, -1).amax(dim=-1)
 
 
 def check_generators(

@@ -3,9 +3,11 @@
 One `forward_cached` call runs, per sequence, its pending inputs followed by its first
 `num_verify` drafts (a ragged batch). The target distribution at draft position j comes from the
 logits one token earlier: position 0 from the last pending input, position j from draft j - 1;
-position num_verify gives the bonus token. Both are warped like the draft's
-(avspec.engine.sampling), p sliced to the stage's `vocab_width` (its `vocab_limit` when set, the
-width of the draft's q) and handed to avspec.engine.rejection. Afterwards the target cache is
+position num_verify gives the bonus token. Only those num_verify + 1 positions per row are
+warped like the draft's (avspec.engine.sampling; rejection reads p nowhere else), packed row
+after row, p sliced to the stage's `vocab_width` (its `vocab_limit` when set, the width of the
+draft's q) and handed to avspec.engine.rejection's packed form: a step's sampling work grows with
+the positions it verifies, not with batch x (K + 1). Afterwards the target cache is
 rolled back to `start + input_length + num_accepted`: the accepted drafts stay cached (their keys
 are exact), rejected drafts go, and the correction/bonus token is not cached (the next step brings
 it back as an input). `target_ms` is the stage's host wall time (the cost refresh reads it; the
@@ -23,7 +25,7 @@ import torch
 
 from avspec.checks import check_shape
 from avspec.contract import HostStep, StepInputs, StepOutputs, read_step_inputs
-from avspec.engine.rejection import rejection_sample
+from avspec.engine.rejection import packed_rejection_sample
 from avspec.engine.sampling import warp_probs
 from avspec.engine.stage import TARGET_SALT, ModelStage
 
@@ -34,7 +36,11 @@ class VerifyBatch:
 
     tokens: torch.Tensor  # [tokens] int64: per row, its pending inputs then its verified drafts
     lengths: list[int]  # per row, its number of tokens in `tokens`
-    gather: torch.Tensor  # [batch, K + 1] int64, index into `tokens` of the logits per position
+    # [positions] int64, index into `tokens` of the logits of each position rejection reads:
+    # row r's positions 0..verify[r], one after the other, row after row
+    positions: torch.Tensor
+    first: torch.Tensor  # [batch] int64, where row r's positions start in `positions`
+    rows: torch.Tensor  # [positions] int64, the row of each position
 
 
 class TargetStage(ModelStage):
@@ -74,7 +80,7 @@ class TargetStage(ModelStage):
         )
         target_probs = self._target_probs(inputs, step, packed)
         output_ids, num_accepted = self._reject(
-            step, draft_tokens, draft_probs, target_probs, num_verify
+            step, draft_tokens, draft_probs, target_probs, packed.first, num_verify
         )
         self._roll_back(step, num_accepted)  # reads num_accepted: the step's work is done
         target_ms = torch.tensor([(time.perf_counter() - started) * 1e3], dtype=torch.float32)
@@ -83,18 +89,19 @@ class TargetStage(ModelStage):
     def _target_probs(
         self, inputs: StepInputs, step: HostStep, packed: VerifyBatch
     ) -> torch.Tensor:
-        """Run the packed batch through the target; return the warped p [batch, K + 1, width].
+        """Run the packed batch through the target; return the warped p [positions, width] at
+        `packed.positions` (row r's positions 0..num_verify[r] from row packed.first[r]).
 
         width = `vocab_width`: the padded rows past `vocab_limit` (p = 0 after masking) are dropped.
         """
         logits = self.model.forward_cached(self.cache, step.seq_ids, packed.tokens, packed.lengths)
         probs = warp_probs(
-            self.mask_vocab(logits[packed.gather]),  # [batch, K + 1, vocab]
-            inputs.temperature.to(self.device, torch.float32),
-            inputs.top_p.to(self.device, torch.float32),
+            self.mask_vocab(logits[packed.positions])[:, None],  # [positions, 1, vocab]
+            inputs.temperature.to(self.device, torch.float32)[packed.rows],
+            inputs.top_p.to(self.device, torch.float32)[packed.rows],
             check_values=self.check_values,
         )
-        return probs[..., : self.vocab_width]
+        return probs[:, 0, : self.vocab_width]
 
     def _reject(
         self,
@@ -102,13 +109,18 @@ class TargetStage(ModelStage):
         draft_tokens: torch.Tensor,
         draft_probs: torch.Tensor,
         target_probs: torch.Tensor,
+        first: torch.Tensor,
         num_verify: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rejection-sample every row with its own generator: (output_ids, num_accepted)."""
-        return rejection_sample(
+        """Rejection-sample every row with its own generator: (output_ids, num_accepted).
+
+        q stays in its dtype: rejection reads it at the drafts and one position per row only.
+        """
+        return packed_rejection_sample(
             draft_tokens,
-            draft_probs.to(self.device, torch.float32),
+            draft_probs.to(self.device),
             target_probs,
+            first,
             num_verify,
             self.slots.generators(step.seq_ids),
             check_values=self.check_values,
@@ -155,10 +167,10 @@ def pack_verify_batch(
     """Pack row r's input_ids[r, offsets[r]:input_lengths[r]] then its first verify[r] drafts.
 
     input_ids: [batch, position] int, draft_tokens: [batch, K] int (on the model's device).
-    Row r, position j reads the logits at its token pending - 1 + min(j, verify[r]);
-    positions past verify[r] repeat the bonus position and are ignored by rejection.
+    Row r, position j (0..verify[r]: the drafts it verifies and the bonus position) reads the
+    logits at its token pending - 1 + j; no other position is read.
     """
-    batch, k = draft_tokens.shape
+    batch = draft_tokens.shape[0]
     device = draft_tokens.device
     pending = [n - o for n, o in zip(input_lengths, offsets, strict=True)]
     tokens = torch.cat(
@@ -174,8 +186,15 @@ def pack_verify_batch(
     ).long()  # [tokens]
     lengths = [p + v for p, v in zip(pending, verify, strict=True)]
     row_start = [0, *itertools.accumulate(lengths)][:batch]
-    gather = [
-        [row_start[r] + pending[r] - 1 + min(j, verify[r]) for j in range(k + 1)]
-        for r in range(batch)
+    positions = [
+        row_start[r] + pending[r] - 1 + j for r in range(batch) for j in range(verify[r] + 1)
     ]
-    return VerifyBatch(tokens, lengths, torch.tensor(gather, device=device))
+    first = [0, *itertools.accumulate(v + 1 for v in verify)][:batch]
+    rows = [r for r in range(batch) for _ in range(verify[r] + 1)]
+    return VerifyBatch(
+        tokens,
+        lengths,
+        torch.tensor(positions, dtype=torch.int64, device=device),
+        torch.tensor(first, dtype=torch.int64, device=device),
+        torch.tensor(rows, dtype=torch.int64, device=device),
+    )

@@ -277,6 +277,12 @@ class Transformer(nn.Module):
             return self.final_norm(x) @ self.embed.weight.t()
         return self.lm_head(self.final_norm(x))
 
+    def subset_logits(self, x: Tensor, rows: Tensor) -> Tensor:
+        """x: [..., width] -> [..., kept]: the logits of the output-matrix rows `rows`
+        [kept, width] only (a float copy of some rows of the matrix `logits` multiplies by,
+        gathered once by the caller: `avspec.engine.draft_vocab.ReducedHead`)."""
+        return self.final_norm(x) @ rows.t()
+
     def forward(self, input_ids: Tensor) -> Tensor:
         """input_ids: [batch, seq] int64 from position 0 -> logits [batch, seq, vocab]."""
         check_shape("input_ids", input_ids, (None, None))
@@ -325,7 +331,13 @@ class Transformer(nn.Module):
             )
 
     def forward_cached(
-        self, cache: KVCache, seq_ids: Sequence[int], input_ids: Tensor, lengths: Sequence[int]
+        self,
+        cache: KVCache,
+        seq_ids: Sequence[int],
+        input_ids: Tensor,
+        lengths: Sequence[int],
+        *,
+        hidden: bool = False,
     ) -> Tensor:
         """Append new tokens to cached sequences and return their logits.
 
@@ -333,6 +345,10 @@ class Transformer(nn.Module):
         seq_ids, lengths: host-side, one entry per sequence (every seq id allocated in `cache`,
         no repeats, lengths >= 1). Returns logits [tokens, vocab]. The cache grows by
         lengths[i] positions per sequence; on any error nothing is written.
+
+        `hidden`: return the last block's output [tokens, width] instead (before `final_norm`),
+        for a caller with its own output layer (`subset_logits`: the draft stage's reduced
+        vocabulary) that needs the logits of a few tokens or of a few ids only.
         """
         lengths = [int(n) for n in lengths]
         check_shape("input_ids", input_ids, (sum(lengths),))
@@ -355,7 +371,7 @@ class Transformer(nn.Module):
             att = grouped_attention(index.pad(q), keys, values, index.bias)
             x = block.mlp(x + block.attn_out(index.unpad(att).flatten(-2)))  # (tokens, width)
         cache.advance(seq_ids, lengths)
-        return self.logits(x)
+        return x if hidden else self.logits(x)
 
 
 class _RaggedIndex:

@@ -90,6 +90,9 @@ class StageParams:
     dtype: str = "float32"  # serving dtype of weights and KV cache (SERVING_DTYPES by device)
     vocab_limit: int = 0  # the pair check's num_tokens: logits past it set to -inf (0: none)
     draft_top_k: int = 0  # draft only: sample drafts from the top k tokens within top-p (0: off)
+    # draft only: a reduced draft vocabulary, the map file (avspec.engine.draft_vocab) relative
+    # to model_dir or absolute ("": off, the whole vocabulary)
+    draft_vocab: str = ""
 
     def __post_init__(self) -> None:
         allowed = SERVING_DTYPES["cpu" if self.device == "cpu" else "cuda"]

@@ -39,6 +39,15 @@ with one hook swapped (`Hooks`) shows a non-zero bias for each unsafe rule of sp
 draft because of q(x_i) of the sampled token. Comparing a row's survival with the other row's at
 the same position is, by contrast, exact (test below): it only ever removes drafts that rank below
 every draft they could depend on. About 2 s in all (at most 3^6 draft branches per run).
+
+A reduced draft vocabulary (avspec.engine.draft_vocab) is the same harness with another q: the
+draft computes its logits for the map's kept ids only and the library's `scatter_kept` puts them
+into a full-width row with -inf elsewhere, so q is 0 outside the map (`Hooks.draw`), and the
+feature is logit q_max of that q. Verification runs over the full vocabulary: a token outside
+the map is never drafted and comes only from the residual or the bonus. The joint law must
+still equal the target's exactly; three broken maps (`Hooks.draw` != `Hooks.report`:
+verification told a q other than the one the drafts were drawn from) must move it, while a map
+that is wrong but reported consistently stays exact.
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ from avspec.av.cost_table import CostTable
 from avspec.av.drafting import DraftPlan, draft_limits, keeps_drafting, stop_confidence
 from avspec.av.step_cost import StepCost
 from avspec.av.survival import admit, survival
+from avspec.engine.draft_vocab import DraftVocab, scatter_kept
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -124,10 +134,49 @@ def _p(request: int, prefix: Seq) -> Dist:
     return _row(TARGET[request], prefix)
 
 
-def _feature(request: int, prefix: Seq) -> float:
-    """f = logit q_max of q(. | x_<i): known before x_i is drawn."""
-    qmax = max(_q(request, prefix))
+def _feature(request: int, prefix: Seq, draw: str = "full") -> float:
+    """f = logit q_max of the q drafts are drawn from, q(. | x_<i): known before x_i is drawn."""
+    qmax = max(DRAFTS[draw](request, prefix))
     return math.log(qmax / (1 - qmax))
+
+
+# A reduced draft vocabulary: the map keeps ids 1 and 2; id 0, to which the target gives 3/5 of
+# request 0's first token and 1/5 to 3/5 at every other prefix, is never drafted. The draft
+# computes the kept ids' logits, log w(id) of the DRAFT weights, and the library scatters them
+# into a full row, -inf elsewhere: softmax is then w / (sum of the kept w) at the finite entries
+# and 0 at the -inf ones, computed here exactly. q_max is larger than the full draft's, so the
+# plan's tau is raised to keep the per-request stop binding (after request 0's x_0 = 2).
+DRAFT_VOCAB = DraftVocab.of([1, 2], V)
+KEPT = torch.tensor(DRAFT_VOCAB.token_ids)
+TAU_REDUCED = 0.6
+# A broken map: the scatter puts the kept ids' logits one id too low (1 -> 0, 2 -> 1).
+MISPLACED = KEPT - 1
+
+
+def _scattered(request: int, prefix: Seq, index: torch.Tensor) -> Dist:
+    """softmax of the kept ids' logits scattered by `scatter_kept` to the ids `index`."""
+    weights = DRAFT[request][prefix[-1] if prefix else None]
+    kept = torch.tensor([float(weights[t]) for t in DRAFT_VOCAB.token_ids], dtype=torch.float64)
+    row = scatter_kept(kept, index, V).tolist()  # integer weights: exact in float64
+    mass = [Fraction(int(x)) if math.isfinite(x) else Fraction(0) for x in row]
+    return tuple(m / sum(mass) for m in mass)
+
+
+def _q_reduced(request: int, prefix: Seq) -> Dist:
+    """q of the draft with the map: 0 outside the kept ids."""
+    return _scattered(request, prefix, KEPT)
+
+
+def _q_misplaced(request: int, prefix: Seq) -> Dist:
+    """q of a draft whose scatter puts the kept ids' logits at the wrong ids."""
+    return _scattered(request, prefix, MISPLACED)
+
+
+DRAFTS: dict[str, Callable[[int, Seq], Dist]] = {
+    "full": _q,
+    "reduced": _q_reduced,
+    "misplaced": _q_misplaced,
+}
 
 
 # --- exact laws ----------------------------------------------------------------------------------
@@ -157,15 +206,21 @@ def _residual(p: Dist, q: Dist) -> Dist:
     return tuple(e / total for e in excess)
 
 
+def _accept(p: Fraction, q: Fraction) -> Fraction:
+    """P(u q < p) for u ~ U[0, 1), the rejection sampler's test: 1 where q = 0 < p."""
+    return Fraction(int(p > 0)) if q == 0 else min(Fraction(1), p / q)
+
+
 @functools.cache
-def _verified_law(request: int, admitted: Seq) -> Law:
-    """Completed law of one request given its admitted drafts (drawn from q, prefix x_<i)."""
+def _verified_law(request: int, admitted: Seq, report: str = "full") -> Law:
+    """Completed law of one request given its admitted drafts (prefix x_<i), verified against
+    the q named `report` (the q they were drawn from, unless the variant is broken)."""
     law: Law = {}
     prefix: Seq = ()
     reach = Fraction(1)  # probability that every admitted draft so far was accepted
     for token in admitted:
-        p, q = _p(request, prefix), _q(request, prefix)
-        accept = min(Fraction(1), p[token] / q[token])
+        p, q = _p(request, prefix), DRAFTS[report](request, prefix)
+        accept = _accept(p[token], q[token])
         if accept < 1:
             for t, prob in enumerate(_residual(p, q)):
                 _accumulate(law, reach * (1 - accept) * prob, _target_law(request, prefix + (t,)))
@@ -226,6 +281,8 @@ class Hooks:
     keep: Callable[[Pass], torch.Tensor] = _keep_by_plan  # which rows draft past the pass
     drop: Callable[[int, Seq, int], bool] = _never_drop  # discard a just-drawn draft
     budget: Callable[[Drafted, int], int] = _stale_budget  # budget given the stale one
+    draw: str = "full"  # DRAFTS: the q each draft is drawn from (and its feature)
+    report: str = "full"  # DRAFTS: the q verification is told (the drawn one when sound)
 
 
 @dataclass(frozen=True)
@@ -248,13 +305,15 @@ class StepLaw:
     trimmed: bool = False  # some branch admitted fewer drafts than it drafted (the budget bound)
     budgets: set[int] = field(default_factory=set)  # budgets used
     verified: set[tuple[int, ...]] = field(default_factory=set)  # num_verify per row
+    draw: str = "full"  # Hooks.draw and Hooks.report of the run
+    report: str = "full"
 
 
-def _stale_plan() -> tuple[DraftPlan, int]:
-    """The plan (depth D from `plan_step` on STALE, tau = TAU) and the stale budget."""
+def _stale_plan(tau: float = TAU) -> tuple[DraftPlan, int]:
+    """The plan (depth D from `plan_step` on STALE, `tau`) and the stale budget."""
     flags = torch.tensor(ADAPTIVE)
     step = plan_step(STALE, torch.tensor(CAPS), flags, flags, BASE_TOKENS, STAIRCASE)
-    return DraftPlan(TAU, int(step.depth), SLOPE, INTERCEPTS), int(step.budget)
+    return DraftPlan(tau, int(step.depth), SLOPE, INTERCEPTS), int(step.budget)
 
 
 def _draft_pass(
@@ -263,7 +322,9 @@ def _draft_pass(
 ) -> list[Branch]:  # fmt: skip
     """Pass `position` of the drafting loop: every active row draws x_i, then stops or goes on."""
     rows = list(branch.active)
-    features = torch.tensor([_feature(r, branch.drafts[r]) for r in rows], dtype=torch.float32)
+    features = torch.tensor(
+        [_feature(r, branch.drafts[r], hooks.draw) for r in rows], dtype=torch.float32
+    )
     conf = stop_confidence(hooks.features(features), position, plan)
     surv = torch.tensor([branch.survival[r] for r in rows], dtype=torch.float32) * conf
     ctx = Pass(
@@ -272,11 +333,12 @@ def _draft_pass(
     )  # fmt: skip
     keep = hooks.keep(ctx).tolist()  # from s_i: fixed before x_i is drawn
     out = []
+    q = DRAFTS[hooks.draw]
     for tokens in itertools.product(range(V), repeat=len(rows)):
         drafts, confs, survs = list(branch.drafts), list(branch.confidences), list(branch.survival)
         prob, active = branch.prob, []
         for j, (r, token) in enumerate(zip(rows, tokens, strict=True)):
-            prob *= _q(r, branch.drafts[r])[token]
+            prob *= q(r, branch.drafts[r])[token]
             if hooks.drop(r, branch.drafts[r], token):
                 continue  # drawn, then discarded: the row stops without it
             drafts[r] += (token,)
@@ -284,7 +346,8 @@ def _draft_pass(
             survs[r] = float(surv[j])
             if keep[j]:
                 active.append(r)
-        out.append(Branch(tuple(drafts), tuple(confs), tuple(survs), tuple(active), prob))
+        if prob:  # a token q never draws (outside a reduced vocabulary) opens no branch
+            out.append(Branch(tuple(drafts), tuple(confs), tuple(survs), tuple(active), prob))
     return out
 
 
@@ -319,11 +382,11 @@ def _admitted(branch: Branch, hooks: Hooks, stale_budget: int) -> tuple[tuple[Se
     return tuple(d[:n] for d, n in zip(branch.drafts, num_verify, strict=True)), budget
 
 
-def step_law(hooks: Hooks, *, with_plan: bool = True) -> StepLaw:
+def step_law(hooks: Hooks, *, with_plan: bool = True, tau: float = TAU) -> StepLaw:
     """Enumerate one step: weights of the admitted prefixes, and whether stop and budget bound."""
-    plan, stale_budget = _stale_plan()
+    plan, stale_budget = _stale_plan(tau)
     limits, stops = draft_limits(CAPS, ADAPTIVE, ADAPTIVE, plan if with_plan else None)
-    result = StepLaw()
+    result = StepLaw(draw=hooks.draw, report=hooks.report)
     for branch in _draft_branches(plan, limits, stops, hooks):
         admitted, budget = _admitted(branch, hooks, stale_budget)
         key = (admitted[0], admitted[1])
@@ -340,13 +403,13 @@ def mismatches(law: StepLaw) -> tuple[int, Fraction]:
     """(outcomes whose joint probability differs from the target's, largest difference)."""
     first: dict[Seq, dict[Seq, Fraction]] = defaultdict(dict)
     for (a0, a1), weight in law.weights.items():
-        _accumulate(first[a0], weight, _verified_law(1, a1))
+        _accumulate(first[a0], weight, _verified_law(1, a1, law.report))
     target0, target1 = _target_law(0, ()), _target_law(1, ())
     count, largest = 0, Fraction(0)
     for y0, t0 in target0.items():
         row: Law = defaultdict(Fraction)
         for a0, mixed in first.items():
-            _accumulate(row, _verified_law(0, a0).get(y0, Fraction(0)), mixed)
+            _accumulate(row, _verified_law(0, a0, law.report).get(y0, Fraction(0)), mixed)
         for y1, t1 in target1.items():
             gap = abs(row[y1] - t0 * t1)
             if gap:
@@ -355,12 +418,13 @@ def mismatches(law: StepLaw) -> tuple[int, Fraction]:
 
 
 def first_draft_admission(law: StepLaw) -> list[Fraction]:
-    """P(request 0's x_0 is admitted | x_0 = t) for each token t (constant when lossless)."""
+    """P(request 0's x_0 is admitted | x_0 = t) for each token t the draft can draw (constant
+    when lossless)."""
     admitted = [Fraction(0)] * V
     for (a0, _), weight in law.weights.items():
         if a0:
             admitted[a0[0]] += weight
-    return [a / q for a, q in zip(admitted, _q(0, ()), strict=True)]
+    return [a / q for a, q in zip(admitted, DRAFTS[law.draw](0, ()), strict=True) if q]
 
 
 # --- the unsafe variants -------------------------------------------------------------------------
@@ -482,3 +546,64 @@ def test_unsafe_variant_is_biased(name: str):
     assert len(set(first_draft_admission(law))) > 1  # x_0's fate depends on x_0 itself
     count, largest = mismatches(law)
     assert count > 0 and largest > 0, name
+
+
+# --- a reduced draft vocabulary ------------------------------------------------------------------
+
+# Broken maps: verification is told a q other than the one the drafts were drawn from.
+BROKEN_MAPS = {
+    # the stage draws from the kept ids but reports q of the whole vocabulary (draft_probs taken
+    # from logits the map was not applied to)
+    "drawn_reduced_reported_full": replace(SAFE, draw="reduced", report="full"),
+    # the scatter puts the kept ids' logits one id too low; q is reported for the intended ids
+    "misplaced_scatter": replace(SAFE, draw="misplaced", report="reduced"),
+    # the map applied to the reported q only: drafts drawn from the whole vocabulary
+    "drawn_full_reported_reduced": replace(SAFE, draw="full", report="reduced"),
+}
+
+
+def test_reduced_draft_is_zero_outside_the_map():
+    """The scatter gives q = 0 outside the kept ids, the kept ids' q renormalised, at every
+    prefix a step can reach; the target keeps mass on the dropped id."""
+    assert DRAFT_VOCAB.token_ids == (1, 2)
+    for request in range(B):
+        for length in range(K):
+            for prefix in itertools.product((1, 2), repeat=length):
+                full, reduced = _q(request, prefix), _q_reduced(request, prefix)
+                assert reduced[0] == 0 and sum(reduced) == 1
+                assert reduced[1] / reduced[2] == full[1] / full[2]
+        assert _p(request, ())[0] > 0  # a target token the draft never proposes
+
+
+@pytest.mark.parametrize("with_plan", [True, False], ids=["adaptive-drafting", "fixed-drafting"])
+def test_reduced_draft_vocabulary_is_exact(with_plan: bool):
+    """q = 0 outside the map, the feature from that q, verification over the full vocabulary:
+    the joint law equals the target's exactly, with the stop (under the plan) and the budget
+    binding and drafts of both requests verified."""
+    law = step_law(replace(SAFE, draw="reduced", report="reduced"), with_plan=with_plan,
+                   tau=TAU_REDUCED)  # fmt: skip
+    assert sum(law.weights.values()) == 1
+    assert all(0 not in a0 + a1 for a0, a1 in law.weights)  # id 0 is never drafted
+    assert law.stopped_early == with_plan
+    assert law.trimmed
+    assert {(0, 3), (1, 2)} <= law.verified, law.verified
+    assert len(set(first_draft_admission(law))) == 1
+    assert mismatches(law) == (0, 0)
+
+
+def test_a_consistent_but_wrong_map_is_still_exact():
+    """A map that keeps other ids than intended, with q reported for the ids really drawn, only
+    costs acceptance: rejection sampling is exact for any q the drafts were drawn from."""
+    law = step_law(replace(SAFE, draw="misplaced", report="misplaced"), tau=TAU_REDUCED)
+    assert law.weights != step_law(replace(SAFE, draw="reduced", report="reduced"),
+                                   tau=TAU_REDUCED).weights  # fmt: skip
+    assert mismatches(law) == (0, 0)
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN_MAPS))
+def test_broken_map_is_biased(name: str):
+    """Verification told a q other than the drawn one moves every completed outcome's law."""
+    law = step_law(BROKEN_MAPS[name], tau=TAU_REDUCED)
+    assert sum(law.weights.values()) == 1
+    count, largest = mismatches(law)
+    assert count > 0 and largest > Fraction(1, 10**4), (name, count, largest)

@@ -156,3 +156,51 @@ def test_rejects_bad_input(change, match):
     args = _good() | change
     with pytest.raises(ValueError, match=match):
         rejection_sample(**args)
+
+
+def test_packed_form_equals_the_full_form_and_draws_as_much():
+    """p given only at positions 0..num_verify (rows packed in reverse order, with gaps) yields
+    the full form's outputs over 50 random batches, and each generator advances alike."""
+    from avspec.engine.rejection import packed_rejection_sample
+
+    for seed in range(50):
+        batch, k, vocab = 1 + seed % 5, 1 + seed % 4, (3, 8, 50)[seed % 3]
+        drafts, q, p = _random_case(batch, k, vocab, seed=100 + seed)
+        gen = torch.Generator().manual_seed(seed)
+        num_verify = torch.randint(0, k + 1, (batch,), generator=gen)
+        if seed % 2:  # drafts at p's argmax: accepts and bonus tokens
+            drafts = p[:, :k].argmax(-1)
+        rows, first = [], [0] * batch
+        for r in reversed(range(batch)):
+            rows.append(torch.rand(1, vocab, generator=gen))  # a gap: never read
+            first[r] = sum(len(x) for x in rows)
+            rows.append(p[r, : int(num_verify[r]) + 1])
+        packed = torch.cat(rows)
+        seeds = [1000 * seed + r for r in range(batch)]
+        full_gens, packed_gens = _gens(*seeds), _gens(*seeds)
+        want = rejection_sample(drafts, q, p, num_verify, full_gens)
+        got = packed_rejection_sample(
+            drafts, q, packed, torch.tensor(first), num_verify, packed_gens
+        )
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), seed
+        for a, b in zip(full_gens, packed_gens, strict=True):
+            assert torch.equal(a.get_state(), b.get_state())
+
+
+@pytest.mark.parametrize(
+    ("first", "match"),
+    [
+        (torch.tensor([0, 3]), "first_position"),  # row 1 reads rows 3..4 of 4
+        (torch.tensor([-1, 2]), "first_position"),
+        (torch.tensor([0.0, 2.0]), "integer tensor"),
+        (torch.tensor([0]), "first_position must have shape"),
+    ],
+)
+def test_packed_rejects_bad_first_position(first, match):
+    from avspec.engine.rejection import packed_rejection_sample
+
+    args = _good()
+    packed = torch.cat([args["target_probs"][0, :3], args["target_probs"][1, :1]])  # 4 rows
+    with pytest.raises(ValueError, match=match):
+        packed_rejection_sample(args["draft_tokens"], args["draft_probs"], packed, first,
+                                torch.tensor([2, 1]), args["generators"])  # fmt: skip

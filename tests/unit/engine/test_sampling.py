@@ -209,3 +209,42 @@ def test_draft_warp_is_the_warp_within_the_top_k():
     greedy = draft_warp(logits, torch.zeros(1), full, 3)[0, 0]
     assert greedy.tolist() == [0.0, 1.0, 0.0, 0.0, 0.0, 0.0]
     torch.testing.assert_close(draft_warp(logits, one, full, 0), warp_probs(logits, one, full))
+
+
+def test_warp_of_a_row_is_the_same_alone_and_in_a_batch_on_two_threads():
+    """On two threads torch sums a lone row of over 32k values in two halves, a row of a
+    batch in one go (another rounding); the warp must not care: 16 flat rows of 40,000
+    logits (top-p 1 and 0.95), each warped alone and in the batch, agree bit for bit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(5)
+        logits = (torch.randn(16, 1, 40_000, generator=gen) * 0.3).bfloat16()
+        temperature, top_p = torch.ones(16), torch.tensor([1.0, 0.95]).repeat(8)
+        batch = warp_probs(logits, temperature, top_p)
+        for r in range(16):
+            alone = warp_probs(logits[r : r + 1], temperature[r : r + 1], top_p[r : r + 1])
+            assert torch.equal(alone, batch[r : r + 1]), r
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_inverse_cdf_equals_the_minimum_with_the_last_positive_token():
+    """The CPU takes the last token of positive mass only for points past the end: the same
+    tokens as min(search, last positive) on rows with zero runs, zero tails and all-zero
+    rows, for uniforms from 0 to just below 1."""
+    from avspec.engine.sampling import inverse_cdf
+
+    gen = torch.Generator().manual_seed(6)
+    probs = torch.rand(400, 50, generator=gen) * (torch.rand(400, 50, generator=gen) < 0.3)
+    probs[::7, 30:] = 0.0
+    probs[::50] = 0.0
+    uniforms = torch.rand(400, generator=gen, dtype=torch.float64)
+    uniforms[::3] = 1.0 - 2.0**-53
+    uniforms[1::3] = 0.0
+    cumulative = torch.cumsum(probs.double(), dim=-1)
+    search = torch.searchsorted(cumulative, (uniforms * cumulative[:, -1])[:, None], right=True)
+    last_positive = torch.where(probs > 0, torch.arange(50), -1).amax(dim=-1)
+    want = torch.minimum(search[:, 0], last_positive)
+    assert torch.equal(inverse_cdf(probs, uniforms), want)
+    assert (search[:, 0] == 50).any()  # points past the end were exercised

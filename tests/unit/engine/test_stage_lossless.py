@@ -13,6 +13,14 @@ warped the same way. A chi-square test over the cells expected to hold >= 5 samp
 pooled) must give p > 1e-4. The same harness must reject (p < 1e-6) a pipeline whose target
 rejection-samples against a q other than the one the drafts were drawn from (q mixed
 half-and-half with uniform): a plausible wiring bug that greedy tests cannot see.
+
+A reduced draft vocabulary (avspec.engine.draft_vocab): the draft stage keeps the 206 of 257 ids
+not congruent to 4 mod 5 (q = 0 at the others); the target's first token falls outside the map
+with probability 0.49 and its second with 0.20, so those tokens come only from the residual. The
+same 2,048 requests and thresholds: the law must pass (p > 1e-4), and two broken maps, each
+verifying against a q other than the drafts' (q of the whole vocabulary reported for drafts drawn
+from the map; the kept logits scattered one id too high, q reported for the intended ids), must
+be rejected (p < 1e-6).
 """
 
 from __future__ import annotations
@@ -23,8 +31,9 @@ from helpers.stages import perturbed, tiny_model
 
 from avspec.av.step_cost import StepCost
 from avspec.contract import StepInputs, StepOutputs, VerifierInputs
-from avspec.engine.draft_stage import DraftOutput
-from avspec.engine.sampling import warp_probs
+from avspec.engine.draft_stage import DraftOutput, DraftStage, _Draw
+from avspec.engine.draft_vocab import DraftVocab, scatter_kept
+from avspec.engine.sampling import draft_warp, warp_probs
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
@@ -36,6 +45,8 @@ TEMPERATURE, TOP_P = 0.7, 0.8
 PROMPT = [5, 17, 200, 3]
 NO_EOS = 10_000  # the tiny models' vocabulary has no EOS: requests always get two tokens
 PASS, FAIL = 1e-4, 1e-6
+VOCAB = 257  # the tiny models'
+KEPT = [t for t in range(VOCAB) if t % 5 != 4]  # the reduced draft vocabulary: 206 ids
 
 
 def _pair():
@@ -147,6 +158,61 @@ class _WrongQ(_Counted):
         return step.target(inputs, drafted.draft_tokens, wrong, decision.num_verify)
 
 
+class _BrokenMap(DraftStage):
+    """A draft stage with the map whose reported q is not the one its drafts are drawn from.
+
+    `_head` keeps the logits q should have been reported from (`_reported`); `_draft_position`
+    samples as the stage does, then overwrites draft_probs with the warp of those logits.
+    """
+
+    def _reported(self, hidden: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        drawn = super()._head(hidden)
+        self.report_logits = self._reported(hidden, drawn)
+        return self.sampled_logits(hidden, drawn)
+
+    def sampled_logits(self, hidden: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
+        return drawn
+
+    def _draft_position(
+        self, position: int, draw: _Draw, logits: torch.Tensor, out: DraftOutput, drafting
+    ) -> torch.Tensor:
+        features = super()._draft_position(position, draw, logits, out, drafting)
+        reported = self.report_logits if position else self.report_logits[draw.index]
+        q = draft_warp(self.mask_vocab(reported[:, None].clone()), draw.temperature, draw.top_p,
+                       self.top_k)[:, 0]  # fmt: skip
+        out.draft_probs[draw.index, position] = q[:, : self.vocab_width]
+        return features
+
+
+class _ReportsFullVocabulary(_BrokenMap):
+    """BROKEN: drafts drawn from the kept ids, q reported from the full model's logits."""
+
+    def _reported(self, hidden: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
+        return self.model.logits(hidden)
+
+
+class _MisplacedScatter(_BrokenMap):
+    """BROKEN: the kept logits land one id too high; q is reported for the intended ids."""
+
+    def _reported(self, hidden: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
+        return drawn
+
+    def sampled_logits(self, hidden: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
+        assert self.head is not None
+        return scatter_kept(self.head.kept_logits(hidden), (self.head.index + 1) % VOCAB, VOCAB)
+
+
+def _with_map(step: SpeculativeStep, stage: type[DraftStage] = DraftStage) -> SpeculativeStep:
+    """`step` with its draft stage replaced by one on the reduced vocabulary KEPT."""
+    draft = step.draft.model
+    step.draft = stage(draft, draft.new_cache(BATCH + 4, 32), K,
+                       draft_vocab=DraftVocab.of(KEPT, VOCAB))  # fmt: skip
+    return step
+
+
 @pytest.mark.parametrize("drafting", [False, True], ids=["fixed-drafting", "adaptive-drafting"])
 def test_stages_sample_the_target_law_with_trimming(drafting: bool):
     target, draft = _pair()
@@ -173,4 +239,30 @@ def test_a_draft_sampling_its_top_k_keeps_the_target_law():
 def test_wrong_q_in_the_target_is_caught():
     target, draft = _pair()
     counts = _sample(_WrongQ(_build(target, draft)), seed_base=0)
+    assert _p_value(counts, _exact_law(target)) < FAIL
+
+
+def test_a_reduced_draft_vocabulary_keeps_the_target_law():
+    """The draft on 206 of 257 ids (q = 0 elsewhere), AV and adaptive drafting on: the drafts
+    lie in the map, tokens outside it are emitted (from the residual), the law is the target's;
+    2,048 requests, threshold as above."""
+    target, draft = _pair()
+    step = _Counted(_with_map(_build(target, draft)))
+    drafted: list[torch.Tensor] = []
+    step.step.on_step = lambda inputs, out, decision, outputs: drafted.append(
+        out.draft_tokens[out.draft_probs.sum(-1) > 0]
+    )
+    counts = _sample(step, seed_base=0, drafting=True)
+    assert 0 < step.verified < 0.9 * step.drafted
+    outside = torch.tensor([t % 5 == 4 for t in range(VOCAB)])
+    assert not outside[torch.cat(drafted).long()].any()  # never drafted outside the map
+    assert counts[outside].sum() > 0.4 * REQUESTS  # but the target emits them
+    assert _p_value(counts, _exact_law(target)) > PASS
+
+
+@pytest.mark.parametrize("broken", [_ReportsFullVocabulary, _MisplacedScatter],
+                         ids=["reports-full-vocabulary", "misplaced-scatter"])  # fmt: skip
+def test_a_broken_draft_vocabulary_map_is_caught(broken: type[DraftStage]):
+    target, draft = _pair()
+    counts = _sample(_Counted(_with_map(_build(target, draft), broken)), seed_base=0)
     assert _p_value(counts, _exact_law(target)) < FAIL

@@ -6,11 +6,14 @@ and the target probabilities it yields.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from helpers.stages import K, make_inputs, make_target_stage, tiny_model
 
 from avspec.contract import read_step_inputs
+from avspec.engine.sampling import uniform_noise
+from avspec.engine.stage import TARGET_SALT
 from avspec.engine.target_stage import TargetStage, pack_verify_batch
 from avspec.runtime.transformer import Transformer
 
@@ -83,7 +86,7 @@ def test_exact_draft_probs_are_all_accepted_at_temperature_one() -> None:
     assert out.output_ids[0, :K].tolist() == tokens[4:]
 
 
-def test_pack_verify_batch_rows_and_gather_positions() -> None:
+def test_pack_verify_batch_rows_and_verified_positions() -> None:
     """Row 0 runs 2 pending inputs and 2 drafts, row 1 its 2 inputs and no draft."""
     input_ids = torch.tensor([[10, 11, 12], [20, 21, 0]], dtype=torch.int32)
     drafts = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]], dtype=torch.int32)
@@ -91,12 +94,14 @@ def test_pack_verify_batch_rows_and_gather_positions() -> None:
     assert packed.tokens.dtype == torch.int64
     assert packed.tokens.tolist() == [11, 12, 1, 2, 20, 21]
     assert packed.lengths == [4, 2]
-    # position j reads the token before draft j; past num_verify, the bonus position repeats
-    assert packed.gather.tolist() == [[1, 2, 3, 3, 3], [5, 5, 5, 5, 5]]
+    # position j (0..num_verify) reads the token before draft j; no position past num_verify
+    assert packed.positions.tolist() == [1, 2, 3, 5]
+    assert packed.first.tolist() == [0, 3] and packed.rows.tolist() == [0, 0, 0, 1]
 
 
-def test_target_probs_match_full_recomputation_and_repeat_the_bonus() -> None:
-    """p at position j is the target's distribution after context + drafts[:j] (j <= verify)."""
+def test_target_probs_match_full_recomputation_at_the_verified_positions() -> None:
+    """p at position j is the target's distribution after context + drafts[:j] (j <= verify);
+    no other position is warped."""
     model = tiny_model(16)
     stage = make_target_stage(model)
     context, drafts = [5, 6, 7, 8], [9, 10, 11, 12]
@@ -108,13 +113,11 @@ def test_target_probs_match_full_recomputation_and_repeat_the_bonus() -> None:
             inputs.input_ids, offsets, step.input_lengths, torch.tensor([drafts]), [2]
         )
         probs = stage._target_probs(inputs, step, packed)
-    assert probs.shape == (1, K + 1, 257)
+    assert probs.shape == (3, 257)
     for j in range(3):
         logits = model(torch.tensor([context + drafts[:j]]))[0, -1]
         expected = torch.softmax(logits.float(), dim=-1)
-        torch.testing.assert_close(probs[0, j].float(), expected, atol=1e-6, rtol=1e-5)
-    for j in range(3, K + 1):
-        assert torch.equal(probs[0, j], probs[0, 2])
+        torch.testing.assert_close(probs[j].float(), expected, atol=1e-6, rtol=1e-5)
 
 
 def test_release_and_empty_batch() -> None:
@@ -162,3 +165,196 @@ def test_constructor_validation() -> None:
     model = tiny_model(15, layers=1)
     with pytest.raises(ValueError, match="max_draft_tokens"):
         TargetStage(model, model.new_cache(1, 8, "cpu", torch.float64), 0)
+
+
+# The target stage before it warped only the verified positions, kept as the reference: every
+# row's K + 1 positions (past num_verify the bonus position repeated) through the old warp, then
+# the old rejection core. A copy of that code, so the comparison cannot share a bug with it.
+
+
+def _old_nucleus_by_topk(probs, top_p, skip):
+    vocab = probs.shape[-1]
+    rows = probs.reshape(-1, vocab)
+    row_top_p = top_p.expand(*probs.shape[:-1], 1).reshape(-1)
+    n_keep = torch.ones(rows.shape[0], dtype=torch.int64)
+    last = rows.amax(dim=-1)
+    pending = (~skip.expand(*probs.shape[:-1], 1).reshape(-1)).nonzero()[:, 0]
+    for k in (min(vocab, 64), vocab):
+        if not len(pending):
+            break
+        if k < vocab:
+            values = torch.topk(rows[pending], k, dim=-1).values
+        else:
+            values = torch.from_numpy(np.sort(rows[pending].numpy(), axis=-1)[:, ::-1].copy())
+        mass_before = torch.cumsum(values, dim=-1) - values
+        count = (mass_before < row_top_p[pending, None]).sum(-1)
+        n_keep[pending] = count
+        last[pending] = values.gather(-1, (count - 1)[:, None])[:, 0]
+        pending = pending[count == k]
+    above = rows > last[:, None]
+    ties = rows == last[:, None]
+    needed = n_keep - above.sum(-1)
+    keep = above | (ties & (torch.cumsum(ties, dim=-1) <= needed[:, None]))
+    return keep.reshape(probs.shape)
+
+
+def _old_warp_probs(logits, temperature, top_p):
+    logits = logits.float()
+    greedy = (temperature == 0)[:, None, None]
+    scale = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    probs = torch.softmax(logits / scale[:, None, None], dim=-1)
+    top_p = top_p[:, None, None]
+    whole = top_p >= 1.0
+    keep = _old_nucleus_by_topk(probs, top_p, whole) | whole
+    kept = torch.where(keep, probs, torch.zeros_like(probs))
+    probs = kept / kept.sum(dim=-1, keepdim=True)
+    ids = torch.arange(logits.shape[-1])
+    is_max = logits == logits.max(dim=-1, keepdim=True).values
+    first = torch.where(is_max, ids, logits.shape[-1]).min(dim=-1, keepdim=True).values
+    return torch.where(greedy, (ids == first).float(), probs)
+
+
+def _old_inverse_cdf(probs, uniforms):
+    cumulative = torch.cumsum(probs.double(), dim=-1)
+    point = (uniforms * cumulative[..., -1])[..., None]
+    token = torch.searchsorted(cumulative, point, right=True)[..., 0]
+    ids = torch.arange(probs.shape[-1])
+    return torch.minimum(token, torch.where(probs > 0, ids, -1).amax(dim=-1))
+
+
+def _old_rejection(draft_tokens, draft_probs, target_probs, num_verify, uniforms, draw):
+    batch, num_pos = draft_tokens.shape
+    tokens = draft_tokens.long()
+    p, q = target_probs.float(), draft_probs.float()
+    p_draft = p[:, :num_pos].gather(-1, tokens[..., None]).squeeze(-1)
+    q_draft = q.gather(-1, tokens[..., None]).squeeze(-1)
+    verified = torch.arange(num_pos)[None, :] < num_verify[:, None].long()
+    accepted = (uniforms * q_draft < p_draft) & verified
+    num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)
+    rows = torch.arange(batch)
+    p_at = p[rows, num_accepted]
+    q_at = q[rows, num_accepted.clamp(max=num_pos - 1)]
+    rejected = (num_accepted < num_verify.long())[:, None]
+    residual = torch.where(rejected, (p_at - q_at).clamp_min(0), p_at)
+    residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_at)
+    last = _old_inverse_cdf(residual, draw)
+    out_pos = torch.arange(num_pos + 1)[None, :]
+    padded = torch.cat([tokens, torch.full((batch, 1), -1)], dim=-1)
+    output_ids = torch.where(out_pos < num_accepted[:, None], padded, -1)
+    output_ids = torch.where(out_pos == num_accepted[:, None], last[:, None], output_ids)
+    return output_ids.int(), num_accepted.int()
+
+
+def _old_path_case(model: Transformer, seed: int, vocab_limit: int | None, batch: int | None = None,
+                   verify: list[int] | None = None, **fixed: float) -> dict[str, int]:  # fmt: skip
+    """One random step through a fresh stage and through the reference: asserts the same p
+    (bit for bit) at the verified positions, the same output_ids and num_accepted; returns
+    what the step exercised. `fixed`: temperature, top_p or scale (of the logits) for every row.
+
+    The model's logits are replaced by random bf16 ones (ties at the nucleus edge, flat rows
+    past the first 64 values), drafts are often the argmax (accepted), q is p's neighbour.
+    """
+    gen = torch.Generator().manual_seed(seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (), generator=gen))]
+
+    vocab = model.config.vocab_size
+    width = vocab_limit or vocab
+    batch = batch or int(torch.randint(1, 6, (), generator=gen))
+    verify = verify or torch.randint(0, K + 1, (batch,), generator=gen).tolist()
+    contexts = [torch.randint(0, width, (pick([1, 2, 5]),), generator=gen) for _ in range(batch)]
+    lengths = [len(c) + v for c, v in zip(contexts, verify, strict=True)]
+    starts = [0, *torch.tensor(lengths).cumsum(0).tolist()]
+    gather = torch.tensor([[starts[r] + len(contexts[r]) - 1 + min(j, verify[r])
+                            for j in range(K + 1)] for r in range(batch)])  # fmt: skip
+    scale = torch.tensor([pick([0.2, 1.0, 4.0]) for _ in range(sum(lengths))])[:, None]
+    scale = torch.full_like(scale, fixed["scale"]) if "scale" in fixed else scale
+    logits = (torch.randn(sum(lengths), vocab, generator=gen) * scale).bfloat16()
+    at_position = logits[gather[:, :K]].float()[..., :width]  # [batch, K, width]
+    q = torch.softmax(at_position + torch.randn(at_position.shape, generator=gen), dim=-1)
+    q = q.to(pick([torch.float32, torch.float64]))
+    drafts = torch.where(torch.rand(batch, K, generator=gen) < 0.6, at_position.argmax(-1),
+                         torch.randint(0, width, (batch, K), generator=gen))  # fmt: skip
+    rows = [{"seq_id": r + 1, "tokens": contexts[r].tolist(), "seed": seed * 10 + r,
+             "temperature": pick([0.0, 0.7, 1.0, 1.5]), "top_p": pick([1.0, 0.95, 0.5, 0.05])}
+            for r in range(batch)]  # fmt: skip
+    for row in rows:  # the warp's shortcuts: every row greedy, no row filtered
+        if seed % 8 == 0:
+            row["temperature"] = 0.0
+        elif seed % 8 == 4:
+            row["top_p"] = 1.0
+        row.update((key, value) for key, value in fixed.items() if key != "scale")
+    inputs = make_inputs(rows)
+
+    stage = make_target_stage(model, vocab_limit=vocab_limit)
+    real_forward, real_target_probs = model.forward_cached, stage._target_probs
+    packed_p = []  # what the stage warped
+
+    def forward_cached(*args, **kwargs):
+        assert real_forward(*args, **kwargs).shape == logits.shape  # grows the cache
+        return logits.clone()
+
+    def target_probs(*args):
+        packed_p.append(real_target_probs(*args))
+        return packed_p[-1]
+
+    model.forward_cached, stage._target_probs = forward_cached, target_probs
+    try:
+        out = stage(inputs, drafts.int(), q, torch.tensor(verify))
+    finally:
+        del model.forward_cached
+
+    full = logits[gather].clone()
+    if vocab_limit is not None:
+        full[..., vocab_limit:] = float("-inf")
+    p = _old_warp_probs(full, inputs.temperature, inputs.top_p)[..., :width]
+    generators = [torch.Generator().manual_seed((row["seed"] ^ TARGET_SALT) & ((1 << 63) - 1))
+                  for row in rows]  # fmt: skip
+    noise = uniform_noise(generators, (K + 1,), torch.device("cpu"))
+    output_ids, num_accepted = _old_rejection(
+        drafts, q, p, torch.tensor(verify), noise[:, :K], noise[:, K]
+    )
+    verified = torch.arange(K + 1)[None, :] <= torch.tensor(verify)[:, None]
+    assert torch.equal(packed_p[0], p[verified]), f"seed {seed}: p differs"
+    assert torch.equal(out.output_ids, output_ids), f"seed {seed}: output_ids differ"
+    assert torch.equal(out.num_accepted, num_accepted), f"seed {seed}: num_accepted differs"
+    verify_t = torch.tensor(verify)
+    return {
+        "accepted": int(out.num_accepted.sum()),
+        "rejected": int((out.num_accepted < verify_t).sum()),
+        "bonus": int(((out.num_accepted == verify_t) & (verify_t > 0)).sum()),
+        "verify 0": int((verify_t == 0).sum()),
+        "verify K": int((verify_t == K).sum()),
+    }
+
+
+@pytest.mark.parametrize("vocab_limit", [None, 200])
+def test_stage_equals_the_old_full_warp_then_rejection(vocab_limit) -> None:
+    """Warping only the verified positions changes nothing: 120 random steps (greedy rows,
+    top-p < 1 and = 1, num_verify 0..K, float32 and float64 q) give the p, output_ids and
+    num_accepted of the old path, and the steps exercise accepts, rejections and bonuses."""
+    model = tiny_model(17)
+    seen = dict.fromkeys(["accepted", "rejected", "bonus", "verify 0", "verify K"], 0)
+    for seed in range(120):
+        counts = _old_path_case(model, seed, vocab_limit)
+        seen = {key: seen[key] + counts[key] for key in seen}
+    assert all(n >= 20 for n in seen.values()), seen
+
+
+def test_stage_equals_the_old_path_on_two_threads_with_one_position() -> None:
+    """On two threads torch sums a lone row of over 32k values in two halves (its own rounding):
+    a batch of one row verifying nothing warps one position, and must still sum it as the old
+    path did (its K + 1 positions always made several rows). Flat rows, wide nuclei: each case
+    has about even odds of telling the two sums apart."""
+    model = tiny_model(18, layers=1, vocab_size=40_000)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for seed in range(8):
+            top_p = (1.0, 0.95)[seed % 2]
+            _old_path_case(
+                model, 1001 + seed, None, 1, [0], temperature=1.0, top_p=top_p, scale=0.2
+            )
+    finally:
+        torch.set_num_threads(threads)

@@ -4,11 +4,14 @@
         --out models/smollm2-draft
 
 Phases (`--only` runs one): `data` (held-out then train prompts answered by the target, chunk
-files under `<work>/heldout` and `<work>/train`; resumable), `train` (top-64 KL distillation on
-whatever chunks exist, checkpointed to `<work>/checkpoint.pt`; resumable), `report` (held-out
-acceptance at position 1 and AUC, written to `<work>/report.json`, and the draft saved as a
-Hugging Face directory in `--out`), `card` (the pair's model card, measured on the target and
-the draft in `--out`: `avspec.tools.draft.model_card`; written to `--card`, by default
+files under `<work>/heldout` and `<work>/train`; then, with `--self-prompts N`, N user messages
+the target writes itself (`avspec.tools.draft.self_prompts`, kept in `<work>/self_prompts.json`)
+answered into `<work>/train/chunk_self_*.pt`, apart from the corpus chunks; resumable), `train`
+(top-64 KL distillation on whatever chunks exist, checkpointed to `<work>/checkpoint.pt`;
+resumable), `report` (held-out acceptance at position 1 and AUC, written to
+`<work>/report.json`, and the draft saved as a Hugging Face directory in `--out`), `card` (the
+pair's model card, measured on the target and the draft in `--out`:
+`avspec.tools.draft.model_card`; written to `--card`, by default
 `<out>/MODEL_CARD.md`; `--cost-tables` adds the cost ratio). One torch thread by default: the
 machine is shared.
 
@@ -31,6 +34,8 @@ from avspec.tools.draft.prompts import build_prompts
 from avspec.tools.training.corpus import corpus_files, split_files
 
 PHASES = ("data", "train", "report", "card")
+SELF_PREFIX = "chunk_self_"  # `evaluate.load_chunks` reads chunk_*.pt
+SELF_SEED = 50_000  # the self prompts' answers draw apart from the corpus chunks' seeds
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -42,6 +47,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("models/smollm2-draft"))
     parser.add_argument("--train-prompts", type=int, default=2560)
     parser.add_argument("--heldout-prompts", type=int, default=96)
+    parser.add_argument(
+        "--self-prompts", type=int, default=0, help="target-written user messages (Magpie)"
+    )
     parser.add_argument("--batch", type=int, default=64, help="target rows decoding together")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--minutes", type=float, default=60.0, help="training wall time")
@@ -62,6 +70,22 @@ def make_data(args: argparse.Namespace) -> None:
     generate_chunks(args.target, heldout, args.work / "heldout", seed=10_000, **settings)
     prompts = build_prompts(train, args.train_prompts, args.seed)
     generate_chunks(args.target, prompts, args.work / "train", seed=args.seed, **settings)
+    if args.self_prompts > 0:
+        make_self_data(args.target, args.work, args.self_prompts, args.seed, **settings)
+
+
+def make_self_data(
+    target: Path, work: Path, count: int, seed: int, batch: int, max_new_tokens: int
+) -> list[Path]:
+    """`count` self prompts (sampled once, cached in `<work>/self_prompts.json`) answered into
+    `<work>/train/chunk_self_*.pt` (resumable); returns the chunk files."""
+    from avspec.tools.draft.self_prompts import cached_self_prompts
+
+    prompts = cached_self_prompts(target, count, work / "self_prompts.json", seed, batch)
+    return generate_chunks(
+        target, prompts, work / "train", batch=batch, max_new_tokens=max_new_tokens,
+        seed=seed + SELF_SEED, prefix=SELF_PREFIX,
+    )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:

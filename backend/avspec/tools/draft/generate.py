@@ -10,7 +10,8 @@ rendered by the target's chat template (`transformers`' Jinja renderer on the ta
 raw logits of each decoding step are the target's distribution at that answer position: their
 top `keep` (64) values and ids are saved, the distillation target, with no second pass.
 
-Prompts are answered a chunk at a time; each chunk is one file `chunk_<index>.pt` written under
+Prompts are answered a chunk at a time; each chunk is one file `chunk_<index>.pt` (or another
+prefix: `chunk_self_<index>.pt` for the self prompts) written under
 a temporary name then renamed, so an interrupted run resumes at the first missing chunk. A
 chunk holds per sequence: `prompt` (int32 ids), `answer` (int32 ids, through the EOS if one
 came), `top_ids` [len(answer), keep] int32, `top_logits` [len(answer), keep] float16, and the
@@ -120,9 +121,9 @@ def answer_all(
     return results
 
 
-def chunk_path(out_dir: Path, index: int) -> Path:
+def chunk_path(out_dir: Path, index: int, prefix: str = "chunk_") -> Path:
     """The file of chunk `index`."""
-    return out_dir / f"chunk_{index:05d}.pt"
+    return out_dir / f"{prefix}{index:05d}.pt"
 
 
 def generate_chunks(
@@ -136,16 +137,18 @@ def generate_chunks(
     top_p: float = 0.95,
     keep: int = 64,
     seed: int = 0,
+    prefix: str = "chunk_",
 ) -> list[Path]:
     """Answer `prompts` a chunk at a time into `out_dir` (resumable); returns the chunk files.
 
     Chunk i is sampled with seed `seed + i`, so a resumed run draws what an uninterrupted one
-    would have.
+    would have. Its file is `<prefix><i:05d>.pt`: another prefix starting with "chunk_" (the
+    self prompts' "chunk_self_") keeps a second series apart in the same directory.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     count = (len(prompts) + chunk_size - 1) // chunk_size
-    paths = [chunk_path(out_dir, i) for i in range(count)]
+    paths = [chunk_path(out_dir, i, prefix) for i in range(count)]
     todo = [i for i, p in enumerate(paths) if not p.is_file()]
     if not todo:
         return paths

@@ -12,6 +12,9 @@ text the draft never saw. Kinds, in equal shares (what a chat user asks a small 
 - `continue_prose`: continue the first sentences of a pydoc paragraph;
 - `summarize`: summarize a pydoc paragraph.
 
+A seventh kind, `self` (SELF_KIND), is not built here: user messages the target writes itself
+(`avspec.tools.draft.self_prompts`), general chat the corpus lacks.
+
 Each prompt is one user message; the target's chat template renders it (with its default
 system line) in `avspec.tools.draft.generate`.
 """
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from avspec.tools.training.corpus import TOPICS_PREFIX
 
 KINDS = ("explain", "write", "continue_code", "question", "continue_prose", "summarize")
+SELF_KIND = "self"  # target-written messages (`self_prompts`); not one of the corpus KINDS
 MAX_CODE_LINES = 24
 MAX_PARAGRAPH_CHARS = 700
 
