@@ -142,10 +142,11 @@ class DraftStage(ModelStage):
         tokens `last` [rows] (None: every token). With a reduced vocabulary only the kept ids'
         logits are computed, the rest are -inf (`_head`)."""
         if self.head is None:
-            logits = self.model.forward_cached(self.cache, seq_ids, tokens, lengths)
-            return logits if last is None else logits[last]
-        hidden = self.model.forward_cached(self.cache, seq_ids, tokens, lengths, hidden=True)
-        return self._head(hidden if last is None else hidden[last])
+            return self.model.forward_cached(self.cache, seq_ids, tokens, lengths, at=last)
+        hidden = self.model.forward_cached(
+            self.cache, seq_ids, tokens, lengths, hidden=True, at=last
+        )
+        return self._head(hidden)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The reduced output layer: last block outputs [rows, width] -> logits [rows, vocab]."""

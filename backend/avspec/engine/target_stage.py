@@ -94,9 +94,13 @@ class TargetStage(ModelStage):
 
         width = `vocab_width`: the padded rows past `vocab_limit` (p = 0 after masking) are dropped.
         """
-        logits = self.model.forward_cached(self.cache, step.seq_ids, packed.tokens, packed.lengths)
+        # the output layer only at the positions rejection reads: a first step's prompt tokens
+        # (hundreds per row) need keys and values, not logits over the whole vocabulary
+        logits = self.model.forward_cached(
+            self.cache, step.seq_ids, packed.tokens, packed.lengths, at=packed.positions
+        )
         probs = warp_probs(
-            self.mask_vocab(logits[packed.positions])[:, None],  # [positions, 1, vocab]
+            self.mask_vocab(logits)[:, None],  # [positions, 1, vocab]
             inputs.temperature.to(self.device, torch.float32)[packed.rows],
             inputs.top_p.to(self.device, torch.float32)[packed.rows],
             check_values=self.check_values,

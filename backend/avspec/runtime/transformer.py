@@ -338,6 +338,7 @@ class Transformer(nn.Module):
         lengths: Sequence[int],
         *,
         hidden: bool = False,
+        at: Tensor | None = None,
     ) -> Tensor:
         """Append new tokens to cached sequences and return their logits.
 
@@ -348,7 +349,10 @@ class Transformer(nn.Module):
 
         `hidden`: return the last block's output [tokens, width] instead (before `final_norm`),
         for a caller with its own output layer (`subset_logits`: the draft stage's reduced
-        vocabulary) that needs the logits of a few tokens or of a few ids only.
+        vocabulary) that needs the logits of a few tokens or of a few ids only. `at` [n] int64:
+        the logits (or hidden states) of those packed tokens only, [n, vocab]: the output layer
+        is then applied to n rows, not to every token (a first step's prompt tokens need their
+        keys and values cached, not logits over the vocabulary).
         """
         lengths = [int(n) for n in lengths]
         check_shape("input_ids", input_ids, (sum(lengths),))
@@ -371,6 +375,8 @@ class Transformer(nn.Module):
             att = grouped_attention(index.pad(q), keys, values, index.bias)
             x = block.mlp(x + block.attn_out(index.unpad(att).flatten(-2)))  # (tokens, width)
         cache.advance(seq_ids, lengths)
+        if at is not None:
+            x = x[at]
         return x if hidden else self.logits(x)
 
 

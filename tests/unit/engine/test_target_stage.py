@@ -291,9 +291,9 @@ def _old_path_case(model: Transformer, seed: int, vocab_limit: int | None, batch
     real_forward, real_target_probs = model.forward_cached, stage._target_probs
     packed_p = []  # what the stage warped
 
-    def forward_cached(*args, **kwargs):
+    def forward_cached(*args, at=None, **kwargs):
         assert real_forward(*args, **kwargs).shape == logits.shape  # grows the cache
-        return logits.clone()
+        return logits.clone() if at is None else logits[at].clone()
 
     def target_probs(*args):
         packed_p.append(real_target_probs(*args))

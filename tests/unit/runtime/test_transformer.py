@@ -266,3 +266,20 @@ def test_empty_model_is_built_in_the_serving_dtype_with_its_rotary_tables():
     assert model.num_parameters() == reference.num_parameters()
     torch.testing.assert_close(model.rotary.cos, reference.rotary.cos.bfloat16())
     torch.testing.assert_close(model.rotary.sin, reference.rotary.sin.bfloat16())
+
+
+def test_forward_cached_at_gives_those_tokens_logits_and_caches_every_token():
+    model = make_model(2)
+    full, part = Tracker(model), Tracker(model)
+    lengths = {1: 6, 2: 3}
+    for tracker in (full, part):
+        for seq_id in lengths:
+            tracker.cache.allocate(seq_id)
+    ids = torch.randint(0, 257, (9,), generator=torch.Generator().manual_seed(8))
+    at = torch.tensor([5, 8, 0])
+    with torch.no_grad():
+        everything = model.forward_cached(full.cache, [1, 2], ids, list(lengths.values()))
+        some = model.forward_cached(part.cache, [1, 2], ids, list(lengths.values()), at=at)
+    torch.testing.assert_close(some, everything[at], atol=TOL, rtol=0)
+    for seq_id, n in lengths.items():  # the cache holds every token either way
+        assert part.cache.length(seq_id) == full.cache.length(seq_id) == n
