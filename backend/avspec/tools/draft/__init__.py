@@ -1,6 +1,6 @@
 """Train a draft for a Hugging Face target (the SmolLM2-135M-Instruct conversion by default).
 
-    python -m avspec.tools.draft --target build/target-smollm2 --work build/draft-smollm2
+    python -m avspec.tools.draft --target models/target --work build/draft-smollm2
 
 One module per job: `prompts` (chat prompts from the project's own corpora, no downloads),
 `self_prompts` (user messages the target writes itself from its template's pre-query, Magpie:

@@ -1,7 +1,7 @@
 """Train a draft for a Hugging Face target: data, then distillation, then a held-out report.
 
-    python -m avspec.tools.draft --target build/target-smollm2 --work build/draft-smollm2 \\
-        --out models/smollm2-draft
+    python -m avspec.tools.draft --target models/target --work build/draft-smollm2 \\
+        --out models/draft
 
 Phases (`--only` runs one): `data` (held-out then train prompts answered by the target, chunk
 files under `<work>/heldout` and `<work>/train`; then, with `--self-prompts N`, N user messages
@@ -15,8 +15,8 @@ pair's model card, measured on the target and the draft in `--out`:
 `<out>/MODEL_CARD.md`; `--cost-tables` adds the cost ratio). One torch thread by default: the
 machine is shared.
 
-    python -m avspec.tools.draft --only card --target build/target-smollm2 \
-        --out models/smollm2-draft --card build/smollm2-card/MODEL_CARD.md
+    python -m avspec.tools.draft --only card --target models/target \
+        --out models/draft --card models/MODEL_CARD.md
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m avspec.tools.draft", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--target", type=Path, default=Path("build/target-smollm2"))
+    parser.add_argument("--target", type=Path, default=Path("models/target"))
     parser.add_argument("--work", type=Path, default=Path("build/draft-smollm2"))
-    parser.add_argument("--out", type=Path, default=Path("models/smollm2-draft"))
+    parser.add_argument("--out", type=Path, default=Path("models/draft"))
     parser.add_argument("--train-prompts", type=int, default=2560)
     parser.add_argument("--heldout-prompts", type=int, default=96)
     parser.add_argument(

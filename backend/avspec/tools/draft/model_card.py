@@ -1,7 +1,7 @@
 """The Markdown model card of a (target, draft) pair of Hugging Face directories, measured here.
 
-    python -m avspec.tools.draft --only card --target build/target-smollm2 \\
-        --out models/smollm2-draft --card build/smollm2-card/MODEL_CARD.md
+    python -m avspec.tools.draft --only card --target models/target \\
+        --out models/draft --card models/MODEL_CARD.md
 
 Both models run in bf16 on the project's runtime (`avspec.runtime`), at the served sampling
 setting (temperature 0.7, top-p 0.95). Sections:
