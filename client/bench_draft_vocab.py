@@ -38,7 +38,6 @@ from pathlib import Path
 import torch
 
 from avspec.av.features import logit_qmax
-from avspec.contract import StepInputs
 from avspec.engine.draft_stage import DraftStage
 from avspec.engine.draft_vocab import DraftVocab, ReducedHead, load_draft_vocab
 from avspec.engine.sampling import draft_warp, sample
@@ -46,7 +45,7 @@ from avspec.runtime.model_dir import load_model, load_tokenizer
 from avspec.runtime.precision import load_served_model, resolve_precision
 from avspec.tools.draft.evaluate import TEMPERATURE, TOP_P, load_chunks
 from avspec.tools.draft.generate import answer_all
-from avspec.tools.profiler import interleaved_ms
+from avspec.tools.profiler import interleaved_ms, step_inputs
 from avspec.tools.training.evaluate import warp
 
 K = 8
@@ -72,29 +71,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def step_inputs(tokens: torch.Tensor, start: int, k: int, first: int) -> StepInputs:
-    """Rows first.. with input_ids tokens [rows, n] after `start` cached tokens, K = k."""
-    rows, n = tokens.shape
-
-    def fill(value: float, dtype: torch.dtype) -> torch.Tensor:
-        return torch.full((rows,), value, dtype=dtype)
-
-    return StepInputs(
-        seq_ids=torch.arange(first, first + rows, dtype=torch.int64),
-        input_ids=tokens.int(),
-        input_lengths=fill(n, torch.int32),
-        start_positions=fill(start, torch.int32),
-        reusable=fill(0, torch.int32),
-        num_draft_tokens=fill(k, torch.int32),
-        adaptive=fill(False, torch.bool),
-        temperature=fill(TEMPERATURE, torch.float32),
-        top_p=fill(TOP_P, torch.float32),
-        random_seed=torch.arange(rows, dtype=torch.int64),
-        prev_num_accepted=torch.zeros(0, dtype=torch.int32),
-        release_seq_ids=torch.zeros(0, dtype=torch.int64),
-    )
-
-
 def contexts(heldout: list[dict], rows: int, length: int) -> torch.Tensor:
     """[rows, length + 1] token ids: held-out sequences cut to length + 1 (cycled)."""
     usable = [s["ids"] for s in heldout if len(s["ids"]) > length]
@@ -112,8 +88,8 @@ def time_passes(args: argparse.Namespace, variants: dict, heldout: list[dict]) -
         first = 1
         for rows in ladder:
             ids = contexts(heldout, rows, args.context)
-            stage(step_inputs(ids[:, :-1], 0, K, first))  # prefill: context tokens cached
-            inputs = step_inputs(ids[:, -1:], args.context, K, first)
+            stage(step_inputs(ids[:, :-1], 0, K, first, TEMPERATURE, TOP_P))  # prefill: cached
+            inputs = step_inputs(ids[:, -1:], args.context, K, first, TEMPERATURE, TOP_P)
             short = replace(inputs, num_draft_tokens=torch.ones_like(inputs.num_draft_tokens))
             calls.append((partial(stage, short), partial(stage, inputs)))
             keys.append((name, rows))

@@ -269,8 +269,16 @@ def _cache(model: Transformer, sequences: int, context: int, k: int) -> KVCache:
     return model.new_cache(sequences, context + k + 2)
 
 
-def _inputs(seq_tokens: torch.Tensor, start: int, k: int, first: int = 1) -> StepInputs:
-    """StepInputs for sequences first..first+batch-1, all with input_ids seq_tokens [batch, seq]."""
+def step_inputs(
+    seq_tokens: torch.Tensor,
+    start: int,
+    k: int,
+    first: int = 1,
+    temperature: float = PROFILE_TEMPERATURE,
+    top_p: float = PROFILE_TOP_P,
+) -> StepInputs:
+    """StepInputs for sequences first..first+batch-1, all with input_ids seq_tokens [batch, seq]
+    after `start` cached tokens, K = k, AV off, one temperature and top-p for every row."""
     batch, length = seq_tokens.shape
 
     def fill(value: float, dtype: torch.dtype) -> torch.Tensor:
@@ -284,8 +292,8 @@ def _inputs(seq_tokens: torch.Tensor, start: int, k: int, first: int = 1) -> Ste
         reusable=fill(0, torch.int32),
         num_draft_tokens=fill(k, torch.int32),
         adaptive=fill(False, torch.bool),
-        temperature=fill(PROFILE_TEMPERATURE, torch.float32),
-        top_p=fill(PROFILE_TOP_P, torch.float32),
+        temperature=fill(temperature, torch.float32),
+        top_p=fill(top_p, torch.float32),
         random_seed=torch.arange(batch, dtype=torch.int64),
         prev_num_accepted=torch.zeros(0, dtype=torch.int32),
         release_seq_ids=torch.zeros(0, dtype=torch.int64),
@@ -296,7 +304,7 @@ def _prefill(
     stage: DraftStage | TargetStage, batch: int, context: int, k: int, gen, first: int = 1
 ) -> None:
     """Give sequences first..first+batch-1 `context` cached tokens (the target verifies none)."""
-    inputs = _inputs(torch.randint(0, 256, (batch, context), generator=gen), 0, k, first)
+    inputs = step_inputs(torch.randint(0, 256, (batch, context), generator=gen), 0, k, first)
     if isinstance(stage, DraftStage):
         stage(inputs)
         return
@@ -309,7 +317,7 @@ def _prefill(
 def _decode_inputs(
     batch: int, context: int, k: int, gen: torch.Generator, first: int = 1
 ) -> StepInputs:
-    return _inputs(torch.randint(0, 256, (batch, 1), generator=gen), context, k, first)
+    return step_inputs(torch.randint(0, 256, (batch, 1), generator=gen), context, k, first)
 
 
 def sample_ms(
