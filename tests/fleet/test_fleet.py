@@ -122,6 +122,8 @@ def start_replica(index: int, tmp: Path, prior: Path) -> ReplicaProcess:
             "target": stage_overrides(target_dir),
             "verifier": {
                 "refit_interval": REFIT_INTERVAL,
+                "initial_slope": 0.5,  # the tiny pair's (the repository's: the default pair's)
+                "initial_intercept": -0.2,
                 "snapshot_path": snapshot,
                 "cost_tables": write_steep_draft_costs(home / "cost_tables.json"),
                 "cost_refresh": "false",

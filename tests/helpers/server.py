@@ -162,6 +162,9 @@ def write_test_repository(tmp: Path) -> tuple[Path, Path]:
             "target": stage_overrides(target_dir),
             "verifier": {
                 "refit_interval": REFIT_INTERVAL,
+                # the tiny pair's starting coefficients (the repository's are the default pair's)
+                "initial_slope": 0.5,
+                "initial_intercept": -0.2,
                 "snapshot_path": tmp / "estimator_snapshot.json",
                 "cost_tables": write_steep_draft_costs(tmp / "cost_tables.json"),
                 "cost_refresh": "false",  # keep the steep tables: the refresh would follow
