@@ -9,10 +9,10 @@ held-out chat sequence; a pass is timed as in the cost tables (`avspec.tools.pro
 repeat a 1-draft call and a K-draft call from the same cached context, pass = (t_K - t_1) /
 (K - 1). The variants are timed round-robin (`interleaved_ms`), so load from elsewhere lands on
 all of them alike; ratios are of medians. Components at the same rows: the output layer alone
-(`final_norm` and the matrix product, or the kept rows and the scatter) and the warp + sample +
-feature of one pass over the full-width logits; for a map also the same warp + sample + feature
-over the kept ids' logits alone (what a warp in the map's own index space would cost: not what
-the stage does).
+(`final_norm` and the matrix product, or the kept rows and the scatter to full width) and the
+warp + sample + feature of one pass over the full-width logits; for a map also the same warp +
+sample + feature over the kept ids' logits alone (what the stage does since the warp moved into
+the map's own index space; the full-width figure is what it did before).
 
 Acceptance at position 1: at every answer position of the first `--contexts` held-out sequences
 (`load_chunks`: prompts of the held-out split answered by the target), sum_v min(p(v), q(v)) with

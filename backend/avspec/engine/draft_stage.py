@@ -24,10 +24,13 @@ synchronises).
 
 With a reduced vocabulary (`draft_vocab`, avspec.engine.draft_vocab) the model's passes stop
 before its output layer; the logits of the kept ids only are computed (at each row's last pending
-token, not at every prefill token) and scattered into full-width rows of -inf. Everything after
-(vocab_limit masking, the warp, the sample, the feature, draft_probs) runs on those rows as
-without a map: q = 0 outside the kept ids, and the feature is logit(q_max) of the same masked
-logits the draft samples from.
+token, not at every prefill token), and the warp, the sample and the feature run in the map's own
+index space (n kept ids, not the vocabulary): the sampled index is mapped to its token id, and q
+is written into `draft_probs` at the kept ids, 0 elsewhere. This is the full-width computation
+over logits that are -inf outside the map, without its vocabulary-wide work: the ids are sorted
+ascending, so ties (nucleus, greedy argmax) resolve to the same ids; the vocab_limit mask has
+nothing to do (the map's ids lie below it). The feature is logit(q_max) of the logits the draft
+samples from, and q is the distribution each draft was drawn from, so verification is exact.
 """
 
 from __future__ import annotations
@@ -138,9 +141,9 @@ class DraftStage(ModelStage):
         lengths: list[int],
         last: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Run packed `tokens` through the model (cached); the logits [rows, model vocab] at the
-        tokens `last` [rows] (None: every token). With a reduced vocabulary only the kept ids'
-        logits are computed, the rest are -inf (`_head`)."""
+        """Run packed `tokens` through the model (cached); the logits at the tokens `last`
+        [rows] (None: every token): [rows, model vocab], or with a reduced vocabulary the kept
+        ids' only, [rows, kept] in the map's order (`_head`)."""
         if self.head is None:
             return self.model.forward_cached(self.cache, seq_ids, tokens, lengths, at=last)
         hidden = self.model.forward_cached(
@@ -149,9 +152,15 @@ class DraftStage(ModelStage):
         return self._head(hidden)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The reduced output layer: last block outputs [rows, width] -> logits [rows, vocab]."""
+        """The reduced output layer: last block outputs [rows, width] -> the kept ids' logits
+        [rows, kept]."""
         assert self.head is not None
-        return self.head(hidden)
+        return self.head.kept_logits(hidden)
+
+    def _token_ids(self, drawn: torch.Tensor) -> torch.Tensor:
+        """Drawn indices [rows] into the logits `_head` gives -> token ids: the map's ids at
+        those indices (without a map the indices are the ids)."""
+        return drawn if self.head is None else self.head.index[drawn]
 
     @property
     def compact(self) -> bool:
@@ -166,15 +175,18 @@ class DraftStage(ModelStage):
         out: DraftOutput,
         drafting: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Sample draft `position` of the rows in `draw` from logits [rows, vocab].
+        """Sample draft `position` of the rows in `draw` from logits [rows, vocab], or with a
+        reduced vocabulary [rows, kept] (the map's index space, see the module doc).
 
         drafting [rows] bool or None (all): rows masked off (CUDA, stopped) keep padding.
         Returns the rows' features [rows].
         """
-        logits = self.mask_vocab(logits[:, None, :])  # [rows, 1, vocab], masked in place
+        logits = logits[:, None, :]  # [rows, 1, width]
+        if self.head is None:
+            logits = self.mask_vocab(logits)  # in place
         check = self.check_values
         q = draft_warp(logits, draw.temperature, draw.top_p, self.top_k, check_values=check)[:, 0]
-        tokens = sample(q, draw.generators, check_values=check).int()
+        tokens = self._token_ids(sample(q, draw.generators, check_values=check)).int()
         features = logit_qmax(logits, draw.temperature, check_values=check)[:, 0]  # [rows]
         if drafting is not None:
             tokens = torch.where(drafting, tokens, 0)
@@ -184,7 +196,11 @@ class DraftStage(ModelStage):
         else:
             out.num_drafted[draw.index] += 1
         out.draft_tokens[draw.index, position] = tokens
-        out.draft_probs[draw.index, position] = q[:, : self.vocab_width]  # padded rows: q = 0
+        if self.head is None:
+            out.draft_probs[draw.index, position] = q[:, : self.vocab_width]  # padded rows: 0
+        else:  # the kept ids' entries only; every other id stays 0
+            rows, ids = draw.index[:, None], self.head.index[None, :]
+            out.draft_probs[rows, position, ids] = q
         out.draft_features[draw.index, position] = features
         return features
 

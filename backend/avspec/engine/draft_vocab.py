@@ -1,13 +1,15 @@
 """A reduced draft vocabulary: the draft computes logits for a kept subset of token ids only.
 
-Why: a small draft spends most of a pass in its output layer (the default draft: 12.6M of its
-15.7M parameters are the 49,152 x 256 output matrix). With a map of kept ids the draft stage
-multiplies `final_norm(x)` by the kept rows only (a copy gathered once, at load) and scatters the
-result into a full-width row of -inf (`ReducedHead`), before the stage's masking, warp and
-feature: q is 0 outside the kept ids, draft_probs keeps the full vocabulary width, and the
-target verifies over the full vocabulary. Rejection sampling is exact for any q the drafts were
-drawn from, so the output law is unchanged; a target token outside the map can only come from
-the residual max(0, p - q), so acceptance drops by about the target's mass outside the map.
+Why: a small draft spends most of a pass in its output layer and in the vocabulary-wide work
+after it (the default draft: 12.6M of its 15.7M parameters are the 49,152 x 256 output matrix;
+at 64 rows the softmax, the top-p nucleus, the draw and the feature over 49,152 ids cost more
+than the layer). With a map of kept ids the draft stage multiplies `final_norm(x)` by the kept
+rows only (a copy gathered once, at load: `ReducedHead.kept_logits`) and warps, samples and
+computes the feature over those n logits (avspec.engine.draft_stage): q is 0 outside the kept
+ids, draft_probs keeps the full vocabulary width (q written at the kept ids), and the target
+verifies over the full vocabulary. Rejection sampling is exact for any q the drafts were drawn
+from, so the output law is unchanged; a target token outside the map can only come from the
+residual max(0, p - q), so acceptance drops by about the target's mass outside the map.
 
 The map is one JSON file, by default `draft_vocab.json` in the draft's model directory (the draft
 stage's `draft_vocab` parameter names it; "" = off):
@@ -144,10 +146,11 @@ class ReducedHead:
 
     `kept_logits(x)` [..., kept] multiplies `final_norm(x)` by the kept rows of the output matrix,
     gathered once here (a float model: a copy of those rows, tied or untied; a quantized model's
-    int8 head: those rows of it, same kernels). `__call__(x)` scatters them into [..., vocab]
-    (the model's rows) with -inf at every other id. Device-agnostic: the copy and the index
-    live with the weights. The copy is taken at construction: weights changed afterwards are
-    not seen.
+    int8 head: those rows of it, same kernels); `index` [kept] int64 holds their token ids.
+    `__call__(x)` scatters them into [..., vocab] (the model's rows) with -inf at every other id:
+    the full-width logits the map stands for (tests and benchmarks compare with them; the draft
+    stage works on `kept_logits` alone). Device-agnostic: the copy and the index live with the
+    weights. The copy is taken at construction: weights changed afterwards are not seen.
     """
 
     def __init__(self, model: Transformer, vocab: DraftVocab) -> None:

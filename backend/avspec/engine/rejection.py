@@ -60,8 +60,9 @@ def rejection_sample(
     _check_probs(draft_tokens, draft_probs, target_probs, num_verify, check_values)
     uniforms, draw = _noise(generators, batch, num_pos, target_probs.device)
     return rejection_sample_from_noise(
-        draft_tokens, draft_probs, target_probs, num_verify, uniforms, draw
-    )
+        draft_tokens, draft_probs, target_probs, num_verify, uniforms, draw,
+        check_values=check_values,
+    )  # fmt: skip
 
 
 def rejection_sample_from_noise(
@@ -71,8 +72,11 @@ def rejection_sample_from_noise(
     num_verify: torch.Tensor,
     uniforms: torch.Tensor,
     draw: torch.Tensor,
+    *,
+    check_values: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The vectorised core of `rejection_sample`, given its noise (no input checks).
+    """The vectorised core of `rejection_sample`, given its noise (no input checks but, with
+    `check_values`, those of the values it reads).
 
     uniforms [batch, K] in [0, 1) for the accept tests, draw [batch] in [0, 1) for the recovered
     or bonus token. Tests call it directly to vectorise many trials with one generator. It is
@@ -81,8 +85,9 @@ def rejection_sample_from_noise(
     batch, num_pos = draft_tokens.shape
     first = torch.arange(batch, device=target_probs.device) * (num_pos + 1)
     return packed_rejection_sample_from_noise(
-        draft_tokens, draft_probs, target_probs.flatten(0, 1), first, num_verify, uniforms, draw
-    )
+        draft_tokens, draft_probs, target_probs.flatten(0, 1), first, num_verify, uniforms, draw,
+        check_values=check_values,
+    )  # fmt: skip
 
 
 def packed_rejection_sample(
@@ -116,8 +121,9 @@ def packed_rejection_sample(
             )
     uniforms, draw = _noise(generators, batch, num_pos, target_probs.device)
     return packed_rejection_sample_from_noise(
-        draft_tokens, draft_probs, target_probs, first_position, num_verify, uniforms, draw
-    )
+        draft_tokens, draft_probs, target_probs, first_position, num_verify, uniforms, draw,
+        check_values=check_values,
+    )  # fmt: skip
 
 
 def packed_rejection_sample_from_noise(
@@ -128,11 +134,17 @@ def packed_rejection_sample_from_noise(
     num_verify: torch.Tensor,
     uniforms: torch.Tensor,
     draw: torch.Tensor,
+    *,
+    check_values: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The vectorised core of both forms, given the noise (no input checks).
 
     Reads p and q at the drafted tokens and the full rows of one position per request (where
     its token is drawn), in their own dtype, converted to float32 after the reads.
+    `check_values`: what it reads must be finite and non-negative (ValueError naming
+    draft_probs or target_probs); values it never reads cannot change the output and are not
+    looked at (on [positions, vocab] probabilities a check of every entry costs several passes
+    over the vocabulary per step).
     """
     batch, num_pos = draft_tokens.shape
     device = target_probs.device
@@ -144,6 +156,9 @@ def packed_rejection_sample_from_noise(
     at = first[:, None] + torch.minimum(positions[None, :], verify[:, None])  # [batch, K]
     p_draft = target_probs[at, tokens].float()  # [batch, K]
     q_draft = draft_probs.gather(-1, tokens[..., None]).squeeze(-1).float()  # [batch, K]
+    if check_values:
+        _check_read("draft_probs", q_draft)
+        _check_read("target_probs", p_draft)
     # u < p/q, written without the division; always true when p >= q since u < 1.
     accepted = (uniforms * q_draft < p_draft) & verified
     num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)  # [batch]
@@ -151,6 +166,9 @@ def packed_rejection_sample_from_noise(
     rows = torch.arange(batch, device=device)
     p_at = target_probs[first + num_accepted].float()  # [batch, vocab]
     q_at = draft_probs[rows, num_accepted.clamp(max=num_pos - 1)].float()  # [batch, vocab]
+    if check_values:
+        _check_read("draft_probs", q_at)
+        _check_read("target_probs", p_at)
     rejected = (num_accepted < verify)[:, None]
     residual = torch.where(rejected, (p_at - q_at).clamp_min(0), p_at)
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_at)
@@ -170,6 +188,13 @@ def _noise(
     check_generators("generators", generators, batch, device)
     noise = uniform_noise(generators, (num_pos + 1,), device)
     return noise[:, :num_pos], noise[:, num_pos]
+
+
+def _check_read(name: str, values: torch.Tensor) -> None:
+    """Probabilities read by the core must be finite and >= 0."""
+    check_finite(name, values)
+    if bool((values < 0).any()):
+        raise ValueError(f"{name} must be non-negative")
 
 
 def _check_integer(name: str, tensor: torch.Tensor) -> None:
@@ -205,11 +230,7 @@ def _check_probs(
     )
     _check_integer("draft_tokens", draft_tokens)
     _check_integer("num_verify", num_verify)
-    if check_values and batch > 0:
-        check_finite("draft_probs", draft_probs)
-        check_finite("target_probs", target_probs)
-        if bool((draft_probs < 0).any()) or bool((target_probs < 0).any()):
-            raise ValueError("draft_probs and target_probs must be non-negative")
+    if check_values and batch > 0:  # the values themselves: where they are read (`_check_read`)
         if bool(((draft_tokens < 0) | (draft_tokens >= vocab)).any()):
             raise ValueError(f"draft_tokens must lie in 0..{vocab - 1}")
         if bool(((num_verify < 0) | (num_verify > num_pos)).any()):

@@ -136,11 +136,11 @@ def test_sample_rejects_generator_on_other_device():
 
 
 def _nucleus_cases(seed: int = 0, trials: int = 200):
-    """Probabilities [3, 4, vocab] and top_p [3, 1, 1]: vocabularies around NUCLEUS_FIRST_K,
+    """Probabilities [3, 4, vocab] and top_p [3, 1, 1]: vocabularies around NUCLEUS_TIERS,
     peaked and flat rows, rounded logits (ties at the nucleus edge), masked tails, top_p = 1."""
     gen = torch.Generator().manual_seed(seed)
     for trial in range(trials):
-        vocab = (5, 64, 65, 257, 4096)[trial % 5]
+        vocab = (5, 64, 65, 257, 4096, 1024, 1025)[trial % 7]
         logits = torch.randn(3, 4, vocab, generator=gen) * (0.1, 1.0, 3.0, 10.0)[trial % 4]
         if trial % 3 == 0:
             logits = (logits * 2).round() / 2
@@ -161,6 +161,65 @@ def test_cpu_nucleus_equals_the_stable_sort():
         whole = top_p >= 1
         assert torch.equal(_nucleus_by_topk(probs, top_p, whole) | whole,
                            _nucleus_by_sort(probs, top_p) | whole)  # fmt: skip
+
+
+def test_cpu_top_p_keeps_the_stable_sorts_nucleus_on_its_fast_path_too():
+    """The CPU top-p (`_top_p_cpu`: most rows from the first topk, the rest as above) keeps
+    exactly the stable sort's nucleus, renormalised within 1e-6, on 200 batches of 12 rows; the
+    cases take both paths (peaked rows, rows with ties at the edge, long nuclei)."""
+    from avspec.engine import sampling
+
+    fast_rows = slow_rows = 0
+    for probs, top_p in _nucleus_cases():
+        whole = top_p >= 1
+        want = sampling._renormalised(probs, sampling._nucleus_by_sort(probs, top_p) | whole)
+        got = sampling._top_p_cpu(probs, top_p, whole)
+        assert torch.equal(got > 0, want > 0)
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+        fast, slow = _fast_path_rows(probs, top_p, whole)
+        fast_rows, slow_rows = fast_rows + fast, slow_rows + slow
+    assert fast_rows > 300 and slow_rows > 300
+
+
+def _fast_path_rows(probs: torch.Tensor, top_p: torch.Tensor, whole: torch.Tensor):
+    """How many rows `_top_p_cpu` takes on its fast path, and how many it does not."""
+    from avspec.engine.sampling import NUCLEUS_TIERS
+
+    k = NUCLEUS_TIERS[0]
+    if probs.shape[-1] <= k:
+        return 0, probs[..., 0].numel()
+    values = torch.topk(probs, k, dim=-1).values
+    count = ((values.cumsum(-1) - values) < top_p).sum(-1)
+    t = values.gather(-1, (count - 1)[..., None])[..., 0]
+    after = values.gather(-1, count.clamp(max=k - 1)[..., None])[..., 0]
+    fast = (count < k) & (after < t) & ~whole[..., 0]
+    return int(fast.sum()), int((~fast).sum())
+
+
+def test_cpu_top_p_comparison_catches_a_fast_path_blind_to_ties_at_the_edge(monkeypatch):
+    """BROKEN: a fast path that keeps topk's first n values even when a tie straddles the edge
+    (topk does not order equal values by id): the comparison above fails."""
+    from avspec.engine import sampling
+
+    def blind(probs, top_p, whole):
+        vocab = probs.shape[-1]
+        rows = probs.reshape(-1, vocab)
+        values, index = torch.topk(rows, min(vocab, 64), dim=-1)
+        count = (values.cumsum(-1) - values) < top_p.expand(*probs.shape[:-1], 1).reshape(-1, 1)
+        kept = values * count
+        out = torch.zeros_like(rows).scatter_(-1, index, kept / kept.sum(-1, keepdim=True))
+        return out.reshape(probs.shape)
+
+    differs = False
+    for probs, top_p in _nucleus_cases():
+        if probs.shape[-1] <= 64 or bool((top_p >= 1).any()):
+            continue
+        want = sampling._renormalised(probs, sampling._nucleus_by_sort(probs, top_p))
+        short = (want > 0).sum(-1).max() < 64  # every nucleus within the first 64 values
+        if short and not torch.equal(blind(probs, top_p, top_p >= 1) > 0, want > 0):
+            differs = True
+            break
+    assert differs
 
 
 def test_nucleus_comparison_catches_ties_broken_the_other_way():

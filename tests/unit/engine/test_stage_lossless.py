@@ -19,7 +19,7 @@ not congruent to 4 mod 5 (q = 0 at the others); the target's first token falls o
 with probability 0.49 and its second with 0.20, so those tokens come only from the residual. The
 same 2,048 requests and thresholds: the law must pass (p > 1e-4), and two broken maps, each
 verifying against a q other than the drafts' (q of the whole vocabulary reported for drafts drawn
-from the map; the kept logits scattered one id too high, q reported for the intended ids), must
+from the map; each drawn index mapped one id too high, q reported for the intended ids), must
 be rejected (p < 1e-6).
 """
 
@@ -32,7 +32,7 @@ from helpers.stages import perturbed, tiny_model
 from avspec.av.step_cost import StepCost
 from avspec.contract import StepInputs, StepOutputs, VerifierInputs
 from avspec.engine.draft_stage import DraftOutput, DraftStage, _Draw
-from avspec.engine.draft_vocab import DraftVocab, scatter_kept
+from avspec.engine.draft_vocab import DraftVocab
 from avspec.engine.sampling import draft_warp, warp_probs
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
@@ -158,51 +158,30 @@ class _WrongQ(_Counted):
         return step.target(inputs, drafted.draft_tokens, wrong, decision.num_verify)
 
 
-class _BrokenMap(DraftStage):
-    """A draft stage with the map whose reported q is not the one its drafts are drawn from.
-
-    `_head` keeps the logits q should have been reported from (`_reported`); `_draft_position`
-    samples as the stage does, then overwrites draft_probs with the warp of those logits.
-    """
-
-    def _reported(self, hidden: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+class _ReportsFullVocabulary(DraftStage):
+    """BROKEN: drafts drawn from the kept ids, q reported from the full model's logits."""
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
-        drawn = super()._head(hidden)
-        self.report_logits = self._reported(hidden, drawn)
-        return self.sampled_logits(hidden, drawn)
-
-    def sampled_logits(self, hidden: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
-        return drawn
+        self.full_logits = self.model.logits(hidden)  # [rows, vocab]
+        return super()._head(hidden)
 
     def _draft_position(
         self, position: int, draw: _Draw, logits: torch.Tensor, out: DraftOutput, drafting
     ) -> torch.Tensor:
         features = super()._draft_position(position, draw, logits, out, drafting)
-        reported = self.report_logits if position else self.report_logits[draw.index]
-        q = draft_warp(self.mask_vocab(reported[:, None].clone()), draw.temperature, draw.top_p,
+        full = self.full_logits if position else self.full_logits[draw.index]
+        q = draft_warp(self.mask_vocab(full[:, None].clone()), draw.temperature, draw.top_p,
                        self.top_k)[:, 0]  # fmt: skip
         out.draft_probs[draw.index, position] = q[:, : self.vocab_width]
         return features
 
 
-class _ReportsFullVocabulary(_BrokenMap):
-    """BROKEN: drafts drawn from the kept ids, q reported from the full model's logits."""
+class _MisplacedScatter(DraftStage):
+    """BROKEN: a drawn index lands one id too high; q is reported for the intended ids."""
 
-    def _reported(self, hidden: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
-        return self.model.logits(hidden)
-
-
-class _MisplacedScatter(_BrokenMap):
-    """BROKEN: the kept logits land one id too high; q is reported for the intended ids."""
-
-    def _reported(self, hidden: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
-        return drawn
-
-    def sampled_logits(self, hidden: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
+    def _token_ids(self, drawn: torch.Tensor) -> torch.Tensor:
         assert self.head is not None
-        return scatter_kept(self.head.kept_logits(hidden), (self.head.index + 1) % VOCAB, VOCAB)
+        return (self.head.index[drawn] + 1) % VOCAB
 
 
 def _with_map(step: SpeculativeStep, stage: type[DraftStage] = DraftStage) -> SpeculativeStep:

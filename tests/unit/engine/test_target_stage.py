@@ -247,9 +247,12 @@ def _old_rejection(draft_tokens, draft_probs, target_probs, num_verify, uniforms
 
 def _old_path_case(model: Transformer, seed: int, vocab_limit: int | None, batch: int | None = None,
                    verify: list[int] | None = None, **fixed: float) -> dict[str, int]:  # fmt: skip
-    """One random step through a fresh stage and through the reference: asserts the same p
-    (bit for bit) at the verified positions, the same output_ids and num_accepted; returns
-    what the step exercised. `fixed`: temperature, top_p or scale (of the logits) for every row.
+    """One random step through a fresh stage and through the reference: asserts the same p at
+    the verified positions (the same nucleus, bit for bit where the stage's warp sums a
+    vocabulary-wide row as the reference does, within 1e-6 relative where it renormalises a
+    short nucleus by the sum of its own values: `sampling._top_p_cpu`), the same output_ids and
+    num_accepted; returns what the step exercised. `fixed`: temperature, top_p or scale (of the
+    logits) for every row.
 
     The model's logits are replaced by random bf16 ones (ties at the nucleus edge, flat rows
     past the first 64 values), drafts are often the argmax (accepted), q is p's neighbour.
@@ -316,7 +319,8 @@ def _old_path_case(model: Transformer, seed: int, vocab_limit: int | None, batch
         drafts, q, p, torch.tensor(verify), noise[:, :K], noise[:, K]
     )
     verified = torch.arange(K + 1)[None, :] <= torch.tensor(verify)[:, None]
-    assert torch.equal(packed_p[0], p[verified]), f"seed {seed}: p differs"
+    assert torch.equal(packed_p[0] > 0, p[verified] > 0), f"seed {seed}: the nucleus differs"
+    torch.testing.assert_close(packed_p[0], p[verified], rtol=1e-6, atol=0.0)
     assert torch.equal(out.output_ids, output_ids), f"seed {seed}: output_ids differ"
     assert torch.equal(out.num_accepted, num_accepted), f"seed {seed}: num_accepted differs"
     verify_t = torch.tensor(verify)
