@@ -7,7 +7,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: help venv test unit lint format clean serve models tiny-models workloads bench soak costs draft card
+.PHONY: help venv test unit lint format clean serve models tiny-models workloads bench soak costs draft draft-vocab card
 
 # `make` alone: every target with its line (the `## ` comment after the target).
 help:
@@ -111,6 +111,14 @@ draft: models/target/config.json ## train the draft for SmolLM2 (resumable; mode
 	nice -n 10 $(PY) -m avspec.tools.draft --target models/target --work build/draft-smollm2 \
 		--out models/draft --train-prompts 5120 --self-prompts 1024 --minutes $(DRAFT_MINUTES) \
 		--threads 1
+
+# The default draft's reduced vocabulary (models/draft/draft_vocab.json, served by the draft's
+# `draft_vocab: auto`): the 8,192 ids the target writes most in the draft's training answers, ties
+# by its top-64 mass, plus the special and chat-template ids. Needs the draft's data
+# (`make draft`, or its first phase alone: the same command with --only data).
+draft-vocab: models/target/config.json ## rebuild the draft's reduced vocabulary from its training data
+	$(PY) -m avspec.tools.draft_vocab --target models/target --chunks build/draft-smollm2/train \
+		--heldout build/draft-smollm2/heldout --size 8192 --out models/draft/draft_vocab.json
 
 # The default pair's model card (models/MODEL_CARD.md): acceptance by position, calibration and
 # the fitted estimator's ECE, the cost ratio from models/cost_tables.json, greedy samples;

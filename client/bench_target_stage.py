@@ -4,15 +4,16 @@
     .venv/bin/python client/bench_target_stage.py --baseline HEAD --threads 1
 
 `--baseline` names the git revision of the old stage: its target_stage.py, rejection.py and
-sampling.py (`git show REV:backend/avspec/engine/...`) are imported from a temporary package, so
-the two stages run in one process on one model (`--target`, bf16 by default). Each gets the
-same sequences as the cost tables do (`avspec.tools.profiler`: `context` cached tokens, one
-pending token, random drafts, uniform q) at every batch x num_verify point, and the points are
-timed round-robin (`interleaved_ms`: per round old, new, then the target's forward alone on the
-same packed batch), so load from elsewhere lands on all alike. Both stages start from the same
-seeds and are called equally often, so their generators stay in step: every call's output_ids
-and num_accepted are compared, and the run stops if they ever differ. Prints a markdown table of
-medians; it asserts nothing about speed (these machines are noisy: compare rows of one run).
+sampling.py (`git show REV:backend/avspec/engine/...`) are imported from a temporary package, so the
+two stages run in one process on one model (`--target`, bf16 by default). Each gets the same
+sequences as the cost tables do (`avspec.tools.profiler`: `context` cached tokens of the workloads'
+text (`--text`), one pending token, the text's next tokens as drafts, uniform q) at every batch x
+num_verify point, and the points are timed round-robin (`interleaved_ms`: per round old, new, then
+the target's forward alone on the same packed batch), so load from elsewhere lands on all alike.
+Both stages start from the same seeds and are called equally often, so their generators stay in
+step: every call's output_ids and num_accepted are compared, and the run stops if they ever differ.
+Prints a markdown table of medians; it asserts nothing about speed (these machines are noisy:
+compare rows of one run).
 """
 
 from __future__ import annotations
@@ -30,7 +31,15 @@ import torch
 from avspec.contract import read_step_inputs
 from avspec.engine.target_stage import TargetStage, pack_verify_batch
 from avspec.runtime.model_dir import load_model
-from avspec.tools.profiler import _cache, _decode_inputs, _first_ids, _prefill, interleaved_ms
+from avspec.tools.profiler import (
+    _cache,
+    _decode_inputs,
+    _first_ids,
+    _prefill,
+    _sequences,
+    interleaved_ms,
+    workload_text,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = ("target_stage", "rejection", "sampling")
@@ -74,6 +83,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--text", choices=["workloads", "random"], default="workloads",
+        help="the sequences' tokens (as client/profile_costs.py --text)",
+    )  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     batches = [int(b) for b in args.batches.split(",")]
@@ -83,6 +96,7 @@ def main() -> None:
         args.target, dtype=getattr(torch, args.dtype), max_length=args.context + k + 8
     )
     vocab = model.config.vocab_size
+    text = workload_text(args.target) if args.text == "workloads" else None
 
     with tempfile.TemporaryDirectory() as folder, torch.inference_mode():
         old_class = old_stage_class(args.baseline, Path(folder))
@@ -103,10 +117,15 @@ def main() -> None:
         calls, points = [], []
         for batch, first in zip(batches, _first_ids(batches), strict=True):
             gen = torch.Generator().manual_seed(batch)
+            tokens = _sequences(text, batch, args.context + 1 + k, first, gen)
             for stage in stages.values():
-                _prefill(stage, batch, args.context, k, torch.Generator().manual_seed(batch), first)
-            inputs = _decode_inputs(batch, args.context, k, gen, first)
-            drafts = torch.randint(0, vocab, (batch, k), generator=gen)
+                _prefill(stage, tokens[:, : args.context], k, first)
+            inputs = _decode_inputs(tokens[:, args.context : args.context + 1], args.context, k,
+                                    first)  # fmt: skip
+            if text is None:
+                drafts = torch.randint(0, vocab, (batch, k), generator=gen)
+            else:
+                drafts = tokens[:, args.context + 1 :]
             probs = torch.full((batch, k, vocab), 1.0 / vocab)
             for n in verifies:
                 verify = torch.full((batch,), n, dtype=torch.int32)

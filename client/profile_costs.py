@@ -32,14 +32,17 @@ from tqdm import tqdm
 
 from avspec.av.cost_file import load_step_cost, save_step_cost
 from avspec.av.step_cost import StepCost
+from avspec.engine.draft_vocab import resolve_draft_vocab
 from avspec.runtime.precision import PRECISIONS, load_served_model
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
 from avspec.tools.profiler import (
+    WORKLOAD_FILES,
     CostPoints,
     fit_tokens_and_rows,
     profile_draft_pass,
     profile_verify_cost,
     verify_points,
+    workload_text,
 )
 from avspec.tools.training.train import DRAFT_CONFIG, TARGET_CONFIG
 
@@ -75,8 +78,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--context", type=int, default=64, help="cached tokens per sequence")
     parser.add_argument(
+        "--text", choices=["workloads", "random"], default="workloads",
+        help="the sequences' tokens: the prompts of workloads/chat.jsonl and code.jsonl in the "
+        "target's tokenizer (default; what a stage serves), or random ids below 256 (always "
+        "with --random-pair). A top-p nucleus is a few tokens long on real text, thousands on "
+        "random ids, and the sampling work grows with it",
+    )  # fmt: skip
+    parser.add_argument(
         "--draft-top-k", type=int, default=0,
         help="the draft model's draft_top_k parameter (0: it warps like the target)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--draft-vocab", default="auto",
+        help="the draft model's draft_vocab parameter: auto (default: the draft directory's "
+        "draft_vocab.json when it has one), a map file, or '' for the whole vocabulary",
     )  # fmt: skip
     parser.add_argument("--repeats", type=int, default=10, help="timed calls per point")
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per point")
@@ -214,13 +229,18 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     target, draft, what = load_pair(args)
     k = args.max_draft_tokens
-    common = {"context_length": args.context, "repeats": args.repeats, "warmup": args.warmup}
+    text = None if args.random_pair or args.text == "random" else workload_text(args.target_dir)
+    common = {"context_length": args.context, "repeats": args.repeats, "warmup": args.warmup,
+              "text": text}  # fmt: skip
     total = len(set(args.draft_rows)) + len(set(args.verify_batch_sizes)) * (k + 1)
     begin = time.perf_counter()
+    vocab = None
+    if not args.random_pair:
+        vocab = resolve_draft_vocab(args.draft_dir, args.draft_vocab, draft.config.vocab_size)
     with tqdm(total=total, desc="profiling", unit="point") as bar:
         draft_pass = profile_draft_pass(
             draft, args.draft_rows, passes=k, on_point=lambda *_: bar.update(),
-            top_k=args.draft_top_k, **common,
+            top_k=args.draft_top_k, draft_vocab=vocab, **common,
         )  # fmt: skip
         verify = profile_verify_cost(
             target, k, args.verify_batch_sizes, on_point=lambda *_: bar.update(), **common
@@ -245,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
         "models": what,
         "max_draft_tokens": k,
         "context_length": args.context,
+        "draft_vocab": "the whole vocabulary"
+        if vocab is None
+        else f"{vocab.path} ({len(vocab)} ids)",
+        "text": "random" if text is None else f"{' + '.join(WORKLOAD_FILES)} ({len(text)} tokens)",
         "repeats": args.repeats,
         "warmup": args.warmup,
         "overhead": "--overhead-ms: the served path's per-step fixed cost, measured on a "

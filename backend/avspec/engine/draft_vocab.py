@@ -12,7 +12,8 @@ from, so the output law is unchanged; a target token outside the map can only co
 residual max(0, p - q), so acceptance drops by about the target's mass outside the map.
 
 The map is one JSON file, by default `draft_vocab.json` in the draft's model directory (the draft
-stage's `draft_vocab` parameter names it; "" = off):
+stage's `draft_vocab` parameter names it; "" = off; "auto", the served default, = that file when
+the draft's directory has one, else off):
 
     {"token_ids": [0, 1, 2, 17, ...], "source": "what it was built from", ...}
 
@@ -39,6 +40,7 @@ from avspec.runtime.quantized import Int8Linear
 from avspec.runtime.transformer import Transformer
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
+DRAFT_VOCAB_AUTO = "auto"  # the parameter value: DRAFT_VOCAB_FILE of the draft when it has one
 
 
 class DraftVocabError(ValueError):
@@ -119,6 +121,18 @@ def load_draft_vocab(path: Path | str, width: int) -> DraftVocab:
     if not isinstance(source, str):
         raise DraftVocabError(f"{where}: source must be a string, got {_kind(source)}")
     return DraftVocab(check_token_ids(data["token_ids"], width, where), source, str(path))
+
+
+def resolve_draft_vocab(model_dir: Path | str, name: str, width: int) -> DraftVocab | None:
+    """The map a draft stage's `draft_vocab` parameter `name` selects for the draft in
+    `model_dir` (vocabulary of `width` ids): None for "" or for "auto" when the directory has no
+    DRAFT_VOCAB_FILE; else the file it names, loaded (DraftVocabError when it cannot be)."""
+    if not name:
+        return None
+    path = draft_vocab_path(model_dir, DRAFT_VOCAB_FILE if name == DRAFT_VOCAB_AUTO else name)
+    if name == DRAFT_VOCAB_AUTO and not path.exists():
+        return None
+    return load_draft_vocab(path, width)
 
 
 def save_draft_vocab(path: Path | str, token_ids: Sequence[int], source: str, **extra: Any) -> None:

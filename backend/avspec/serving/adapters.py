@@ -35,7 +35,7 @@ from avspec.av.verifier import AdaptiveVerifier, VerifyDecision
 from avspec.config import EstimatorConfig
 from avspec.contract import VerifierInputs, base_tokens
 from avspec.engine.draft_stage import DraftStage
-from avspec.engine.draft_vocab import draft_vocab_path, load_draft_vocab
+from avspec.engine.draft_vocab import resolve_draft_vocab
 from avspec.engine.stage import ModelStage
 from avspec.engine.target_stage import TargetStage
 from avspec.runtime.precision import load_served_model
@@ -144,12 +144,15 @@ class StageAdapter(ABC):
         if params.draft_vocab:
             if self.stage_class is not DraftStage:
                 raise ValueError("draft_vocab is a parameter of the draft model only")
-            path = draft_vocab_path(resolve_path(root, params.model_dir), params.draft_vocab)
+            model_dir = resolve_path(root, params.model_dir)
             width = params.vocab_limit or model.config.vocab_size
-            extra["draft_vocab"] = vocab = load_draft_vocab(path, width)
-            logger.info(
-                "draft vocabulary %s: %d of %d ids (%s)", path, len(vocab), width, vocab.source
-            )
+            vocab = resolve_draft_vocab(model_dir, params.draft_vocab, width)
+            if vocab is None:
+                logger.info("draft vocabulary: the whole vocabulary (%s has no map)", model_dir)
+            else:
+                extra["draft_vocab"] = vocab
+                logger.info("draft vocabulary %s: %d of %d ids (%s)", vocab.path, len(vocab),
+                            width, vocab.source)  # fmt: skip
         self.stage = self.stage_class(
             model,
             cache,

@@ -91,7 +91,8 @@ class StageParams:
     vocab_limit: int = 0  # the pair check's num_tokens: logits past it set to -inf (0: none)
     draft_top_k: int = 0  # draft only: sample drafts from the top k tokens within top-p (0: off)
     # draft only: a reduced draft vocabulary, the map file (avspec.engine.draft_vocab) relative
-    # to model_dir or absolute ("": off, the whole vocabulary)
+    # to model_dir or absolute ("": off, the whole vocabulary; "auto": model_dir's
+    # draft_vocab.json when there is one, else off)
     draft_vocab: str = ""
 
     def __post_init__(self) -> None:

@@ -6,9 +6,12 @@
 
 Counts token frequencies in the answers the target wrote in the draft's training chunks
 (`avspec.tools.draft.evaluate.load_chunks`; `--prompts` counts the prompts too) and keeps the
-`--size` ids that are always kept plus the most frequent others (ties: the lower id). Always
-kept, whatever their count: the tokenizer's special tokens, EOS and BOS, and every id of the
-target's chat template rendered with a system, a user and an assistant turn.
+`--size` ids that are always kept plus the most frequent others; ids counted equally often (most
+of the vocabulary is never written in a few hundred answers) rank by the target's warped
+probability summed over the answer positions (the chunks' saved top-64 logits: what it could
+have written), then by the lower id. Always kept, whatever their count: the tokenizer's special
+tokens, EOS and BOS, and every id of the target's chat template rendered with a system, a user
+and an assistant turn.
 
 Coverage, printed and written into the file (`coverage`):
 
@@ -77,11 +80,30 @@ def count_tokens(sequences: Iterable[dict], width: int, prompts: bool = False) -
     return counts
 
 
-def choose(counts: torch.Tensor, size: int, kept: Sequence[int]) -> list[int]:
-    """`kept` plus the most frequent other ids (ties: lower id first), `size` in all (at least
-    `kept`), sorted."""
+def teacher_mass(sequences: Iterable[dict], width: int) -> torch.Tensor:
+    """The target's warped probability [width] float64 of each id, summed over the answer
+    positions (from the saved top-64 logits, as `target_mass` reads them)."""
+    total = torch.zeros(width, dtype=torch.float64)
+    for seq in sequences:
+        top_ids, top_logits = seq["top_ids"].long(), seq["top_logits"].float()
+        n = len(top_ids)
+        p = warp_probs(top_logits[:, None], torch.full((n,), TEMPERATURE), torch.full((n,), TOP_P))
+        inside = top_ids < width
+        total.index_add_(0, top_ids[inside], p[:, 0][inside].double())
+    return total
+
+
+def choose(
+    counts: torch.Tensor, size: int, kept: Sequence[int], mass: torch.Tensor | None = None
+) -> list[int]:
+    """`kept` plus the most frequent other ids (ties: the larger `mass`, then the lower id),
+    `size` in all (at least `kept`), sorted."""
     chosen = set(kept)
-    for token in torch.argsort(-counts, stable=True).tolist():  # stable: ties to the lower id
+    order = torch.arange(len(counts))
+    if mass is not None:  # stable sorts: the later key decides, the earlier breaks its ties
+        order = order[torch.argsort(-mass[order], stable=True)]
+    order = order[torch.argsort(-counts[order], stable=True)]
+    for token in order.tolist():
         if len(chosen) >= size:
             break
         chosen.add(token)
@@ -140,7 +162,7 @@ def build(args: argparse.Namespace) -> dict:
     if not train:
         raise SystemExit(f"no chunk_*.pt files in {args.chunks}")
     counts = count_tokens(train, width, args.prompts)
-    ids = choose(counts, args.size, special)
+    ids = choose(counts, args.size, special, teacher_mass(train, width))
     member = torch.zeros(width, dtype=torch.bool)
     member[ids] = True
     coverage = {"train_answer_tokens": round(token_coverage(train, member), 4)}
@@ -153,8 +175,8 @@ def build(args: argparse.Namespace) -> dict:
     counted = "answers and prompts" if args.prompts else "answers"
     source = (
         f"avspec.tools.draft_vocab: the {len(ids) - len(special)} most frequent ids of the target-"
-        f"written {counted} in {args.chunks} ({int(counts.sum())} tokens) and {len(special)} "
-        f"special / chat-template ids of {args.target}"
+        f"written {counted} in {args.chunks} ({int(counts.sum())} tokens; ties by the target's "
+        f"top-64 mass) and {len(special)} special / chat-template ids of {args.target}"
     )
     return {"token_ids": ids, "source": source, "vocab_size": width, "always_kept": special,
             "coverage": coverage}  # fmt: skip

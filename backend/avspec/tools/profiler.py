@@ -9,8 +9,12 @@
   in the table: a step pays it once, whatever it drafts).
 
 Every sequence first gets `context_length` prompt tokens (each batch of the ladder its own
-sequences); each timed call then starts from the same cached context (the cache rule rolls back
-whatever the previous call appended), so repeats are identical. The points are timed round-robin
+sequences): slices of real text when `text` is given (token ids of the pair's tokenizer; the
+verified drafts are then the text's next tokens, as accepted drafts mostly are), else random ids
+below 256. What a stage costs depends on the text: its top-p nucleus is a few tokens long on real
+text and thousands on random ids, and the warp's work grows with it (avspec.engine.sampling).
+Each timed call then starts from the same cached context (the cache rule rolls back whatever the
+previous call appended), so repeats are identical. The points are timed round-robin
 (`interleaved_ms`: `warmup` untimed rounds, then `repeats` rounds each timing every point once),
 so load from elsewhere spreads over all points instead of lifting the few it coincides with.
 Each point keeps its samples; its cost is their median and its weight in the isotonic fit
@@ -19,19 +23,23 @@ Each point keeps its samples; its cost is their median and its weight in the iso
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from pathlib import Path
 
 import torch
 
 from avspec.av.cost_table import CostTable
 from avspec.contract import StepInputs
 from avspec.engine.draft_stage import DraftStage
+from avspec.engine.draft_vocab import DraftVocab
 from avspec.engine.target_stage import TargetStage
 from avspec.runtime.kv_cache import KVCache
+from avspec.runtime.model_dir import load_tokenizer
 from avspec.runtime.transformer import Transformer
 
 OnPoint = Callable[[int, float], None]
@@ -81,8 +89,10 @@ def profile_verify_cost(
     repeats: int = 10,
     warmup: int = 3,
     on_point: OnPoint | None = None,
+    text: torch.Tensor | None = None,
 ) -> CostPoints:
-    """Target-stage ms at sizes batch * (1 + n) for each batch and n = 0..K.
+    """Target-stage ms at sizes batch * (1 + n) for each batch and n = 0..K (`text`: see the
+    module doc).
 
     A size reached by several (batch, n) pairs pools their samples (median of all, weight = all
     of them); extra["shapes"] lists each pair's median. on_point(size, median ms) per pair.
@@ -95,9 +105,15 @@ def profile_verify_cost(
     gen = torch.Generator().manual_seed(0)
     calls, shapes = [], []
     for batch, first in zip(batches, _first_ids(batches), strict=True):
-        _prefill(stage, batch, context_length, max_draft_tokens, gen, first)
-        inputs = _decode_inputs(batch, context_length, max_draft_tokens, gen, first)
-        drafts = torch.randint(0, vocab, (batch, max_draft_tokens), generator=gen).to(device)
+        tokens = _sequences(text, batch, context_length + 1 + max_draft_tokens, first, gen)
+        _prefill(stage, tokens[:, :context_length], max_draft_tokens, first)
+        inputs = _decode_inputs(tokens[:, context_length : context_length + 1], context_length,
+                                max_draft_tokens, first)  # fmt: skip
+        if text is None:
+            drafts = torch.randint(0, vocab, (batch, max_draft_tokens), generator=gen)
+        else:
+            drafts = tokens[:, context_length + 1 :]
+        drafts = drafts.to(device)
         probs = torch.full((batch, max_draft_tokens, vocab), 1.0 / vocab, device=device)
         for n in range(max_draft_tokens + 1):
             verify = torch.full((batch,), n, dtype=torch.int32, device=device)
@@ -142,8 +158,11 @@ def profile_draft_pass(
     warmup: int = 3,
     on_point: OnPoint | None = None,
     top_k: int = 0,
+    text: torch.Tensor | None = None,
+    draft_vocab: DraftVocab | None = None,
 ) -> CostPoints:
-    """ms of one draft pass by the rows in it (the draft stage's `top_k`); see the module doc.
+    """ms of one draft pass by the rows in it (the draft stage's `top_k` and `draft_vocab`;
+    `text`: the contexts, see the module doc).
 
     Per rows count, `repeats` pairs (one-pass call, `passes`-pass call) give `repeats` samples
     (t_passes - t_1) / (passes - 1). extra: "one_pass_ms" and "all_passes_ms" (the medians of
@@ -155,12 +174,13 @@ def profile_draft_pass(
         raise ValueError(f"passes must be >= 2 (a pass is timed as a difference), got {passes}")
     ladder = sorted(set(rows))
     stage = DraftStage(model, _cache(model, sum(ladder), context_length, passes), passes,
-                       check_values=False, top_k=top_k)  # fmt: skip
+                       check_values=False, top_k=top_k, draft_vocab=draft_vocab)  # fmt: skip
     gen = torch.Generator().manual_seed(0)
     calls = []
     for batch, first in zip(ladder, _first_ids(ladder), strict=True):
-        _prefill(stage, batch, context_length, passes, gen, first)
-        inputs = _decode_inputs(batch, context_length, passes, gen, first)
+        tokens = _sequences(text, batch, context_length + 1, first, gen)
+        _prefill(stage, tokens[:, :context_length], passes, first)
+        inputs = _decode_inputs(tokens[:, context_length:], context_length, passes, first)
         short = replace(inputs, num_draft_tokens=torch.ones_like(inputs.num_draft_tokens))
         calls.append((partial(stage, short), partial(stage, inputs)))
 
@@ -300,11 +320,45 @@ def step_inputs(
     )
 
 
-def _prefill(
-    stage: DraftStage | TargetStage, batch: int, context: int, k: int, gen, first: int = 1
-) -> None:
-    """Give sequences first..first+batch-1 `context` cached tokens (the target verifies none)."""
-    inputs = step_inputs(torch.randint(0, 256, (batch, context), generator=gen), 0, k, first)
+WORKLOAD_FILES = ("workloads/chat.jsonl", "workloads/code.jsonl")  # the text the tables time
+
+
+def workload_text(
+    model_dir: Path | str, files: Sequence[Path | str] = WORKLOAD_FILES
+) -> torch.Tensor:
+    """Token ids [n] int64 of the prompts of `files` (JSON lines with a "prompt"), one after
+    the other, tokenized by the tokenizer of `model_dir`: real text for `text`."""
+    tokenizer = load_tokenizer(model_dir)
+    ids: list[int] = []
+    for name in files:
+        for line in Path(name).read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                ids.extend(tokenizer.encode(json.loads(line)["prompt"]))
+    if not ids:
+        raise ValueError(f"no prompts in {', '.join(map(str, files))}")
+    return torch.tensor(ids, dtype=torch.int64)
+
+
+def _sequences(
+    text: torch.Tensor | None, batch: int, length: int, first: int, gen: torch.Generator
+) -> torch.Tensor:
+    """[batch, length] token ids for sequences first..first+batch-1: slices of `text` [n]
+    (sequence i from offset (i * 131) mod (n - length), so batches see different slices), or
+    random ids below 256 without text."""
+    if text is None:
+        return torch.randint(0, 256, (batch, length), generator=gen)
+    room = len(text) - length
+    if room <= 0:
+        raise ValueError(f"text has {len(text)} tokens, a sequence needs more than {length}")
+    starts = [(seq_id * 131) % room for seq_id in range(first, first + batch)]
+    return torch.stack([text[s : s + length] for s in starts]).long()
+
+
+def _prefill(stage: DraftStage | TargetStage, tokens: torch.Tensor, k: int, first: int) -> None:
+    """Give sequences first..first+batch-1 the cached tokens [batch, context] (the target
+    verifies none)."""
+    batch = tokens.shape[0]
+    inputs = step_inputs(tokens, 0, k, first)
     if isinstance(stage, DraftStage):
         stage(inputs)
         return
@@ -314,10 +368,9 @@ def _prefill(
     stage(inputs, drafts, probs, torch.zeros(batch, dtype=torch.int32, device=device))
 
 
-def _decode_inputs(
-    batch: int, context: int, k: int, gen: torch.Generator, first: int = 1
-) -> StepInputs:
-    return step_inputs(torch.randint(0, 256, (batch, 1), generator=gen), context, k, first)
+def _decode_inputs(tokens: torch.Tensor, context: int, k: int, first: int) -> StepInputs:
+    """One pending token per sequence (tokens [batch, 1]) after `context` cached ones."""
+    return step_inputs(tokens, context, k, first)
 
 
 def sample_ms(

@@ -1,5 +1,6 @@
-"""The draft model's `draft_vocab` parameter: off by default, a map file in the draft's model
-directory (or an absolute path) when set, refused on the target, errors naming the file."""
+"""The draft model's `draft_vocab` parameter: off by default in StageParams, `auto` (the draft's
+own map when it has one) in the served CPU repository, a map file in the draft's model directory
+(or an absolute path) when set, refused on the target, errors naming the file."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ import pytest
 import torch
 from helpers.server import save_tiny_pair
 
-from avspec.engine.draft_vocab import DRAFT_VOCAB_FILE, DraftVocabError, save_draft_vocab
+from avspec.engine.draft_vocab import (
+    DRAFT_VOCAB_AUTO,
+    DRAFT_VOCAB_FILE,
+    DraftVocabError,
+    save_draft_vocab,
+)
 from avspec.serving.adapters import DraftAdapter, TargetAdapter
 from avspec.serving.repository import STEP_INPUT_DTYPES, TORCH_DTYPES, StageParams
 
@@ -65,6 +71,25 @@ def test_the_map_reaches_the_draft(pair: tuple[Path, Path], tmp_path: Path, abso
     assert torch.all(drafted["draft_probs"][..., outside] == 0)
     torch.testing.assert_close(drafted["draft_probs"].sum(-1), torch.ones(2, K))
     assert all(32 <= t < 127 for t in drafted["draft_tokens"].flatten().tolist())
+
+
+def test_auto_takes_the_drafts_own_map_when_it_has_one(
+    pair: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`auto` (the served default): the draft directory's draft_vocab.json, else no map."""
+    with_map = DraftAdapter(params(pair[1], draft_vocab=DRAFT_VOCAB_AUTO), tmp_path)
+    assert with_map.stage.head is not None and len(with_map.stage.head) == len(KEPT)
+    bare = save_tiny_pair(tmp_path / "bare")[1]
+    assert DraftAdapter(params(bare, draft_vocab=DRAFT_VOCAB_AUTO), tmp_path).stage.head is None
+
+
+def test_the_served_configs_take_the_drafts_own_map() -> None:
+    """The repository serves `auto`, on the CPU and (not yet run there) on a GPU."""
+    from helpers import ROOT
+
+    for config in ("config.pbtxt", "configs/gpu.pbtxt"):
+        text = (ROOT / "model_repository" / "draft" / config).read_text()
+        assert 'key: "draft_vocab" value: { string_value: "auto" }' in text, config
 
 
 def test_the_map_is_refused_on_the_target_and_when_missing(

@@ -67,6 +67,18 @@ def test_counts_and_choice_prefer_frequent_ids_then_lower_ids() -> None:
     assert tool.choose(counts, 1, [0, 3]) == [0, 3]  # never fewer than the kept ones
 
 
+def test_ids_never_written_rank_by_the_targets_mass() -> None:
+    """Equal counts (none) are broken by the target's top-64 mass, then by the lower id."""
+    counts = torch.zeros(257, dtype=torch.int64)
+    counts[7] = 1
+    mass = torch.zeros(257, dtype=torch.float64)
+    mass[200], mass[100] = 0.5, 0.2
+    assert tool.choose(counts, 4, [0], mass) == [0, 7, 100, 200]  # 7 counted, then by mass
+    assert tool.choose(counts, 5, [0], mass) == [0, 1, 7, 100, 200]  # then the lower id
+    seqs = [{"top_ids": torch.tensor([[3, 4]]), "top_logits": torch.tensor([[0.0, -50.0]])}]
+    assert tool.teacher_mass(seqs, 257)[3] == pytest.approx(1.0)  # 4 is past top-p 0.95
+
+
 def test_tool_writes_a_map_the_stage_loads(target: Path, tmp_path: Path) -> None:
     answers = [[40, 40, 41, 42], [40, 43, 44]]
     save_chunk(tmp_path / "train", answers, [[60, 61], [62]])

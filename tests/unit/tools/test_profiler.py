@@ -69,6 +69,38 @@ def test_draft_pass_points_per_row_count() -> None:
     assert points.to_dict()["sizes"] == [1, 4] and "samples" in points.to_dict()
 
 
+def test_sequences_are_slices_of_the_text_and_the_drafts_its_next_tokens() -> None:
+    """With `text`, each sequence is a slice of it (different for each sequence id), so the
+    verified drafts are the text's continuation; without, random ids below 256."""
+    from avspec.tools.profiler import _sequences
+
+    text = torch.arange(1000, 1500)
+    rows = _sequences(text, 3, 20, 5, torch.Generator())
+    assert rows.shape == (3, 20)
+    assert all(torch.equal(row, torch.arange(int(row[0]), int(row[0]) + 20)) for row in rows)
+    assert len({int(row[0]) for row in rows}) == 3  # three different slices
+    assert int(_sequences(None, 2, 7, 1, torch.Generator().manual_seed(0)).max()) < 256
+    with pytest.raises(ValueError, match="text has 500 tokens"):
+        _sequences(text, 1, 500, 1, torch.Generator())
+
+
+def test_workload_text_is_the_prompts_in_the_targets_tokenizer(tmp_path) -> None:
+    from helpers.server import save_tiny_pair
+
+    from avspec.runtime.model_dir import load_tokenizer
+    from avspec.tools.profiler import workload_text
+
+    directory, _ = save_tiny_pair(tmp_path / "pair")
+    lines = tmp_path / "w.jsonl"
+    lines.write_text('{"prompt": "def f():"}\n\n{"prompt": " return 1"}\n')
+    tokenizer = load_tokenizer(directory)
+    want = tokenizer.encode("def f():") + tokenizer.encode(" return 1")
+    assert workload_text(directory, [lines]).tolist() == want
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match="no prompts"):
+        workload_text(directory, [tmp_path / "empty.jsonl"])
+
+
 def test_draft_pass_needs_two_passes() -> None:
     with pytest.raises(ValueError, match="passes must be >= 2"):
         profile_draft_pass(tiny_model(1, layers=1), [1], passes=1, context_length=4, repeats=1)
