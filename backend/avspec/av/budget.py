@@ -27,7 +27,7 @@ class StepPlan:
     """`plan_step`'s result; 0-dim tensors on the scores' device (no host sync)."""
 
     budget: torch.Tensor  # int64: drafts admitted among adaptive candidates
-    depth: torch.Tensor  # int64: D, draft positions for rows drafting adaptively (>= 1)
+    depth: torch.Tensor  # int64: D, draft positions for rows drafting adaptively (0: none)
     threshold: torch.Tensor  # float64: tau in [0, 1]
     expected_tokens: torch.Tensor  # float64: tokens expected at the budget
     expected_ms: torch.Tensor  # float64: step ms the cost model predicts at the budget
@@ -41,6 +41,7 @@ def plan_step(
     adaptive_drafting: torch.Tensor,
     base_tokens: int,
     cost: StepCost,
+    price_first_draws: bool = False,
 ) -> StepPlan:
     """Budget, depth and threshold from stale survival values; see the module doc.
 
@@ -56,9 +57,15 @@ def plan_step(
                       + the passes the b best need (a draft at position p >= 1 of an adaptive
                         drafter adds one row to pass p) + verify(T + full drafts + b)
         budget      = argmax_b expected[b] / ms[b]   (ties: smallest b)
-        depth       = 1 + deepest admitted position of an adaptive drafter (at least 1)
+        depth       = 1 + deepest admitted position of an adaptive drafter (0: none admitted)
         threshold   = (expected / ms at the budget) * (ms[budget] - ms[0]) / budget
                       (budget 0: times the marginal ms of a first draft)
+
+    price_first_draws: for the next step's plan, where depth 0 skips the draft's output layer
+    and sampling for every adaptive drafter: a budget admitting any of their drafts also pays
+    x_0's draws, priced as one pass of all of them (an overestimate: that pass's forward ran
+    over the pending tokens anyway), so a large batch falls back to no drafts when x_0 alone
+    does not pay for itself. Off for the step's own budget, whose x_0 was drawn already.
 
     The threshold is the exchange rate of the budget: a draft is worth drafting while its
     survival pays for what an admitted draft costs on average (its row in a draft pass, its
@@ -115,11 +122,17 @@ def plan_step(
     expected = batch + torch.cat([zero, torch.cumsum(scores, 0)])
     sizes = torch.arange(scores.shape[0] + 1, device=device)
     millis = fixed_ms + torch.cat([zero, torch.cumsum(extra, 0)]) + cost.verify(tokens + sizes)
+    drafter_admitted = flat_cand[order] & drafter[row]  # [n]: the b-th best is a drafter's
+    if price_first_draws:
+        opened = torch.cat([zero.bool(), torch.cumsum(drafter_admitted.long(), 0) > 0])
+        first_ms = cost.pass_ms(drafter.sum()).double()
+        millis = millis + torch.where(opened, first_ms, 0.0)
     ratio = expected / millis.clamp_min(1e-12)
     budget = torch.where(ratio == ratio.max(), sizes, sizes.shape[0]).min().long()
 
-    admitted = (sizes[1:] <= budget) & flat_cand[order] & drafter[row]
-    depth = (torch.where(admitted, pos, 0).max() if admitted.numel() else pos.new_zeros(())) + 1
+    admitted = (sizes[1:] <= budget) & drafter_admitted
+    deepest = torch.where(admitted, pos + 1, 0)  # 1 + position of each admitted draft
+    depth = deepest.max() if deepest.numel() else pos.new_zeros(())
     drafters = drafter.sum()
     rate = ratio[budget]
     # ms per admitted draft on average (passes opened and verify-cost steps included), so a

@@ -7,12 +7,18 @@ drawn):
   row per request, the same values the budget of step t + 1 will use) and returns a `DraftPlan`
   for step t + 1: the coefficients as they stood, a threshold tau and a depth D. The scheduler
   carries it into step t + 1's inputs, so the draft never reads state updated in its own step.
-- **Per-request stop.** A request drafting adaptively draws x_0 (it costs one sample: the pass
-  over pending inputs runs anyway), then keeps drafting past position i only while its survival
+- **Per-request stop.** A request drafting adaptively draws x_0 (unless the depth is 0), then
+  keeps drafting past position i only while its survival
   s_i = prod_{j <= i} sigmoid(slope * f_j + b_j) stays >= tau. f_j = logit(q_max) at j depends on
   x_{<j} only, so s_i is known before x_i is drawn; nothing looks at the sampled token.
 - **Depth.** At most D draft positions for such a request (its `num_draft_tokens` stays the cap);
-  the loop also ends when no row is left. Rows that stopped leave the batch (compaction).
+  the loop also ends when no row is left. Rows that stopped leave the batch (compaction). D = 0
+  when the budget admitted no draft of an adaptive drafter: the next step drafts nothing for
+  them (the draft runs over their pending tokens only), which is how adaptive drafting falls
+  back to no speculation where no draft pays (a large batch on this CPU). The verifier keeps
+  such a request's last survival row as its stale score, so the plan is not fooled into drafting
+  again by rows that simply have no fresh values; new requests score 1.0 and bring drafting
+  back for a step when they might pay.
 - **Budget.** The plan's numbers come from `avspec.av.budget.plan_step`, which is also the
   verifier's budget: the argmax of expected tokens per ms over the stale ranking, with the draft
   passes the admitted drafts need priced by the cost tables.
@@ -71,9 +77,8 @@ class DraftPlan:
         """Read a plan tensor on the host; empty -> None (no plan: draft every row to its cap).
 
         ValueError naming the problem for a wrong shape or values: non-finite entries, a
-        threshold outside [0, 1], a depth that is not an integer in 1..num_positions (x_0 is
-        always drafted), or fewer
-        than num_positions intercepts.
+        threshold outside [0, 1], a depth that is not an integer in 0..num_positions (0: the
+        adaptive drafters draft nothing), or fewer than num_positions intercepts.
         """
         check_shape("draft_plan", plan, (None,))
         if plan.numel() == 0:
@@ -89,8 +94,8 @@ class DraftPlan:
         threshold, depth, slope = values[:_HEAD]
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"draft_plan threshold {threshold} outside [0, 1]")
-        if depth != int(depth) or not 1 <= depth <= num_positions:
-            raise ValueError(f"draft_plan depth {depth} is not an integer in 1..{num_positions}")
+        if depth != int(depth) or not 0 <= depth <= num_positions:
+            raise ValueError(f"draft_plan depth {depth} is not an integer in 0..{num_positions}")
         intercepts = tuple(values[_HEAD : _HEAD + num_positions])
         return cls(threshold, int(depth), slope, intercepts)
 

@@ -160,7 +160,10 @@ class AdaptiveVerifier:
         num_verify = torch.where(adaptive, admitted, num_drafted.int()).int()
 
         self._pending = _Record(clean, confidences, num_verify, num_drafted, base_tokens)
+        # a row that drafted nothing (depth 0, or its cap 0) keeps the values it had: with no
+        # fresh ones it would score 1.0 and pull the next plan back into drafting
         rows = _extrapolated_survival(confidences, candidates)
+        rows = torch.where((num_drafted == 0)[:, None], stale, rows)
         self._stale = {seq_id: index for index, seq_id in enumerate(ids)}
         self._stale_values = rows
         drafted = num_drafted.long().sum()
@@ -190,8 +193,9 @@ class AdaptiveVerifier:
         if not self.drafting:
             return torch.zeros(0, device=rows.device)
         plan = plan_step(
-            rows, num_draft_tokens, adaptive, adaptive_drafting, base_tokens, self.cost
-        )
+            rows, num_draft_tokens, adaptive, adaptive_drafting, base_tokens, self.cost,
+            price_first_draws=True,
+        )  # fmt: skip
         head = torch.stack([plan.threshold.float(), plan.depth.float(), self.estimator.slope])
         return torch.cat([head, self.estimator.intercepts[: rows.shape[1]].float()])
 

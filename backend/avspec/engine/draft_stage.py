@@ -6,13 +6,15 @@ feed the previous draft of the rows still drafting and sample the next one. The 
 never fed: if it is accepted, the next step brings it back as an input and the cache rule (keep
 `min(cached, start + reusable)`) makes the draft run it then.
 
-How far a row drafts (avspec.av.drafting): without a plan, or for a row that is not adaptive or
-not drafting adaptively, to its `num_draft_tokens`. Otherwise to at most the plan's depth D, and
-past position i only while its survival under the plan's (start-of-step) coefficients stays >=
-tau. On the CPU a row that stopped leaves the batch of the next pass (compaction: the pass costs
-what its rows cost). On CUDA the rows are masked instead, so the loop never reads a device value:
-D and the limits are host numbers from the plan, stopped rows still run but draft nothing (not yet
-run on a GPU).
+How far a row drafts (avspec.av.drafting): without a plan, or for a row that is not adaptive or not
+drafting adaptively, to its `num_draft_tokens`. Otherwise to at most the plan's depth D (0: nothing,
+when the previous step's budget admitted no draft), and past position i only while its survival
+under the plan's (start-of-step) coefficients stays >= tau. The output layer runs only for the rows
+that draft: a step in which no row drafts costs the pass over the pending tokens alone (what keeps
+the draft's cache current). On the CPU a row that stopped leaves the batch of the next pass
+(compaction: the pass costs what its rows cost). On CUDA the rows are masked instead, so the loop
+never reads a device value: D and the limits are host numbers from the plan, stopped rows still run
+but draft nothing (not yet run on a GPU).
 
 Each draft is sampled from the warped draft distribution q (avspec.engine.sampling, same warp as the
 target) with the sequence's own generator; the feature is logit(q_max) of the temperature-scaled
@@ -108,8 +110,11 @@ class DraftStage(ModelStage):
             [inputs.input_ids[r, offsets[r] : step.input_lengths[r]] for r in range(batch)]
         ).to(self.device, torch.int64)  # [tokens]
         last = torch.tensor(lengths, device=self.device).cumsum(0) - 1  # [batch]
-        # [batch, vocab], at each row's last pending token
-        logits = self._forward(step.seq_ids, packed, lengths, last)
+        # [batch, width], the last block's output at each row's last pending token: the output
+        # layer runs on the rows that draft x_0 only (none when no row drafts)
+        hidden = self.model.forward_cached(
+            self.cache, step.seq_ids, packed, lengths, hidden=True, at=last
+        )
         limits, stops = draft_limits(
             step.num_draft_tokens, step.adaptive, step.adaptive_drafting, plan
         )
@@ -121,7 +126,7 @@ class DraftStage(ModelStage):
                 break
             index = torch.tensor(rows, device=self.device)  # [rows]
             if position == 0:
-                logits = logits[index]
+                logits = self._logits(hidden[index])
             else:
                 previous = out.draft_tokens[index, position - 1].long()  # [rows]
                 seq_ids = [step.seq_ids[r] for r in rows]
@@ -142,14 +147,16 @@ class DraftStage(ModelStage):
         last: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run packed `tokens` through the model (cached); the logits at the tokens `last`
-        [rows] (None: every token): [rows, model vocab], or with a reduced vocabulary the kept
-        ids' only, [rows, kept] in the map's order (`_head`)."""
-        if self.head is None:
-            return self.model.forward_cached(self.cache, seq_ids, tokens, lengths, at=last)
+        [rows] (None: every token), as `_logits` gives them."""
         hidden = self.model.forward_cached(
             self.cache, seq_ids, tokens, lengths, hidden=True, at=last
         )
-        return self._head(hidden)
+        return self._logits(hidden)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Last block outputs [rows, width] -> logits [rows, model vocab], or with a reduced
+        vocabulary the kept ids' only, [rows, kept] in the map's order (`_head`)."""
+        return self.model.logits(hidden) if self.head is None else self._head(hidden)
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The reduced output layer: last block outputs [rows, width] -> the kept ids' logits

@@ -126,11 +126,12 @@ def test_padding_non_candidates_never_changes_the_plan(draft, verify):
                 assert torch.equal(getattr(other, name), getattr(plain, name)), name
 
 
-def test_no_candidates_give_zero_budget():
+def test_no_candidates_give_zero_budget_and_depth():
+    """Nothing admitted: budget 0, and depth 0 (the next step drafts nothing adaptively)."""
     plan = _plan([[0.9, 0.8]] * 4, caps=[0] * 4, base=4)
-    assert int(plan.budget) == 0 and int(plan.depth) == 1
+    assert int(plan.budget) == 0 and int(plan.depth) == 0
     empty = _plan(torch.zeros(0, 3), base=0)
-    assert int(empty.budget) == 0 and int(empty.depth) == 1
+    assert int(empty.budget) == 0 and int(empty.depth) == 0
 
 
 def test_non_adaptive_rows_verify_in_full_and_count_in_T():
@@ -195,7 +196,7 @@ def test_per_pass_draft_cost_makes_the_plan_shallower():
 
 def test_rows_not_drafting_adaptively_pay_their_full_passes():
     """The same row drafting to its cap pays every pass whatever the budget: the passes are
-    sunk, so its budget is the verify-only budget (those passes as overhead) and D stays 1."""
+    sunk, so its budget is the verify-only budget (those passes as overhead) and D is 0."""
     stale = [[0.9, 0.8, 0.7, 0.6]]
     cost = StepCost.linear(0.5, 0.0, 1.0, 0.1, 8, 64)
     fixed = _plan(stale, drafting=[False], cost=cost)
@@ -204,7 +205,7 @@ def test_rows_not_drafting_adaptively_pay_their_full_passes():
     assert int(fixed.budget) == int(verify_only.budget) == 4
     assert float(fixed.expected_ms) == pytest.approx(float(verify_only.expected_ms))
     assert float(fixed.expected_ms) == pytest.approx(4 * 0.5 + 1.0 + 0.1 * 5)
-    assert int(fixed.depth) == 1  # no adaptive drafter: the depth is the minimum
+    assert int(fixed.depth) == 0  # no adaptive drafter: nothing for the depth to allow
     drafter = _plan(stale, drafting=[True], cost=cost)
     assert int(drafter.budget) == 2 and float(drafter.expected_ms) < float(fixed.expected_ms)
 
@@ -216,10 +217,36 @@ def test_rows_not_drafting_adaptively_pay_their_full_passes():
         ([0], StepCost(FREE_DRAFT, CostTable([0], [1.0]))),  # no candidate at all
     ],
 )
-def test_depth_is_at_least_one(caps, cost):
+def test_depth_is_zero_when_nothing_is_admitted(caps, cost):
+    """No admitted draft: D = 0, so the next step does not draw x_0 for its adaptive drafters
+    (adaptive drafting falls back to no speculation)."""
     plan = _plan([[0.01, 0.001]], caps=caps, drafting=[True], cost=cost)
     assert int(plan.budget) == 0
-    assert int(plan.depth) == 1
+    assert int(plan.depth) == 0
+
+
+def test_the_next_plan_prices_the_first_draws():
+    """price_first_draws: a budget admitting a drafter's draft also pays one pass of every
+    drafter's x_0; here that pass tips the plan to no drafts, while the step's own budget (x_0
+    already drawn) still admits them."""
+    stale = [[0.5, 0.2]] * 4
+    cost = StepCost.linear(2.0, 2.0, 10.0, 1.0, 8, 64)  # pass 2 + 2 / row; verify 10 + 1 / token
+    own = _plan(stale, drafting=[True] * 4, base=4, cost=cost)
+    plan_step_next = _plan_next(stale, cost)
+    assert int(own.budget) > 0 and int(own.depth) >= 1
+    assert int(plan_step_next.budget) == 0 and int(plan_step_next.depth) == 0
+    first = float(cost.pass_ms(torch.tensor(4)))
+    assert float(plan_step_next.base_ms) == pytest.approx(float(own.base_ms))
+    assert first == pytest.approx(10.0)  # own: 6 tokens / 28 ms > 4 / 24; next: 6 / 38 < 4 / 24
+
+
+def _plan_next(stale, cost: StepCost) -> StepPlan:
+    stale = torch.as_tensor(stale, dtype=torch.float32)
+    batch, num_pos = stale.shape
+    return plan_step(
+        stale, torch.full((batch,), num_pos), torch.ones(batch, dtype=torch.bool),
+        torch.ones(batch, dtype=torch.bool), batch, cost, price_first_draws=True,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(

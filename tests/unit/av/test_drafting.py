@@ -37,7 +37,7 @@ def test_empty_tensor_is_no_plan():
 
 
 @pytest.mark.parametrize("threshold", [0.0, 1.0])
-@pytest.mark.parametrize("depth", [1, K])
+@pytest.mark.parametrize("depth", [0, 1, K])
 def test_bounds_are_accepted(threshold, depth):
     plan = DraftPlan.from_tensor(_tensor(threshold=threshold, depth=float(depth)), K)
     assert plan is not None and plan.threshold == threshold and plan.depth == depth
@@ -57,10 +57,9 @@ def test_bounds_are_accepted(threshold, depth):
         (_tensor(depth=float("-inf")), "finite"),
         (_tensor(threshold=-0.25), "threshold -0.25 outside"),
         (_tensor(threshold=1.5), "threshold 1.5 outside"),
-        (_tensor(depth=1.5), "depth 1.5 is not an integer in 1..4"),
-        (_tensor(depth=0.0), "depth 0.0 is not an integer in 1..4"),
+        (_tensor(depth=1.5), "depth 1.5 is not an integer in 0..4"),
         (_tensor(depth=-1.0), "depth -1.0 is not an integer"),
-        (_tensor(depth=K + 1.0), "depth 5.0 is not an integer in 1..4"),
+        (_tensor(depth=K + 1.0), "depth 5.0 is not an integer in 0..4"),
     ],
 )
 def test_from_tensor_rejects(plan, match):

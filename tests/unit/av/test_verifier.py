@@ -52,7 +52,7 @@ def _args(
     return VerifierInputs(**args)
 
 
-def _plan(stale, ndt, base, adaptive=None, drafting=None, cost=COST) -> StepPlan:
+def _plan(stale, ndt, base, adaptive=None, drafting=None, cost=COST, **kw) -> StepPlan:
     """plan_step on stale rows [batch, position] (host lists or a tensor)."""
     stale = torch.as_tensor(stale, dtype=torch.float32)
     batch = stale.shape[0]
@@ -63,6 +63,7 @@ def _plan(stale, ndt, base, adaptive=None, drafting=None, cost=COST) -> StepPlan
         torch.tensor(drafting if drafting is not None else [False] * batch, dtype=torch.bool),
         base,
         cost,
+        **kw,
     )
 
 
@@ -312,7 +313,7 @@ def test_draft_plan_is_threshold_depth_slope_intercepts_of_this_steps_rows():
     conf = torch.sigmoid(0.8 * torch.tensor(features) + torch.tensor([0.5, 0.1, -0.3]))
     # row 1 drafted 2: its last confidence c_1 is repeated past the cap
     rows = torch.stack([conf[0], torch.stack([conf[1, 0], conf[1, 1], conf[1, 1]])]).cumprod(1)
-    want = _plan(rows, [3, 2], 2, drafting=[True, False], cost=cost)
+    want = _plan(rows, [3, 2], 2, drafting=[True, False], cost=cost, price_first_draws=True)
     torch.testing.assert_close(plan[0], want.threshold.float())
     assert plan[1] == float(want.depth) and 1 <= int(want.depth) <= K
     assert plan[2] == torch.tensor(0.8)
@@ -444,3 +445,17 @@ def test_a_row_that_drafted_nothing_scores_one_next_step():
     row2 = torch.stack([c, c * c, c * c * c])
     assert int(second.budget) == _budget(torch.stack([torch.ones(3), row2]), [3, 3], 2)
     assert int(second.budget) != _budget(torch.stack([row2, row2]), [3, 3], 2)
+
+
+def test_a_row_that_drafts_nothing_keeps_its_last_survival_row():
+    """Step 1: row 1 drafts 3 at low confidence; step 2 (D = 0: it drafts nothing) must not
+    reset it to 1.0, or the next plan would see a sure draft and draw x_0 again; step 3's
+    budget still ranks it by step 1's values. Without the carry it would score 1.0."""
+    verifier = _verifier()
+    verifier.step(_args([1], [[-3.0] * 3], ndt=[3], drafting=[True]))
+    c = torch.sigmoid(torch.tensor(0.5 * -3.0 - 0.2))
+    row = torch.stack([c, c * c, c * c * c])[None]
+    verifier.step(_args([1], [[0.0] * 3], ndt=[3], drafted=[0], drafting=[True], prev=[0]))
+    third = verifier.step(_args([1], [[0.0] * 3], ndt=[3], drafting=[True], prev=[-1]))
+    assert int(third.budget) == _budget(row, [3], 1)
+    assert _budget(row, [3], 1) != _budget(torch.ones(1, 3), [3], 1)  # the case tells them apart

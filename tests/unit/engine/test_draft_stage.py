@@ -262,6 +262,33 @@ def test_depth_caps_the_drafts(depth: int) -> None:
     assert torch.equal(out.pass_ms > 0, torch.arange(K) < depth)
 
 
+def test_depth_zero_drafts_nothing_runs_no_output_layer_and_keeps_the_cache() -> None:
+    """Plan D = 0 (the previous budget admitted nothing): adaptive drafters draft nothing and the
+    output layer runs for row 1 alone (it drafts to its cap: not drafting adaptively); the
+    pending tokens still reach the cache, so in the next step every row's q and feature at
+    position 0 are those of a stage that drafted all along."""
+    model = tiny_model(10)
+    inputs = make_inputs(PLAN_ROWS)
+    drafting = [True, False, True, True, True]
+    stage, plain = make_draft_stage(model), make_draft_stage(model)
+    rows_seen: list[int] = []
+    logits = model.logits
+    model.logits = lambda x: rows_seen.append(x.shape[0]) or logits(x)
+    try:
+        out = stage(with_plan(inputs, DraftPlan(0.5, 0, 1.0, (0.0,) * K), drafting))
+    finally:
+        del model.logits
+    assert out.num_drafted.tolist() == [0, 3, 0, 0, 0]
+    assert rows_seen == [1, 1, 1]  # row 1's three passes, nobody else's
+    assert_padding_past_num_drafted(out)
+    plain(inputs)
+    # next step: no draft accepted, one correction token back for every row
+    follow = [dict(r, tokens=[6], start=len(r["tokens"]), reusable=0) for r in PLAN_ROWS]
+    nxt, ref = stage(make_inputs(follow)), plain(make_inputs(follow))
+    torch.testing.assert_close(nxt.draft_probs[:, 0], ref.draft_probs[:, 0])
+    torch.testing.assert_close(nxt.draft_features[:, 0], ref.draft_features[:, 0])
+
+
 def test_rows_not_drafting_adaptively_ignore_the_plan() -> None:
     """Plan tau = 1, D = 1. Row 0 (adaptive, drafting by the plan) drafts one token; row 1
     (adaptive, adaptive_drafting False), row 2 (not adaptive, adaptive_drafting True) and row 3

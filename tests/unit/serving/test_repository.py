@@ -56,7 +56,7 @@ def test_parameters_parse_and_agree_on_k() -> None:
     assert entry.max_draft_tokens == estimator.num_positions
     assert entry.max_context <= min(draft.max_length, target.max_length)
     assert draft.model_dir == "models/draft" and target.model_dir == "models/target"
-    assert draft.draft_vocab == target.draft_vocab == ""  # reduced draft vocabulary: off
+    assert draft.draft_vocab == "auto" and target.draft_vocab == ""  # the draft's own map, if any
     assert verifier.snapshot_path and verifier.cost_tables
     assert entry.step_model == "speculative_step"
 
