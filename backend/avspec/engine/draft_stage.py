@@ -56,7 +56,10 @@ class DraftOutput:
     """Drafts of one step. Positions past a row's num_drafted are padding."""
 
     draft_tokens: torch.Tensor  # [batch, K] int32
-    draft_probs: torch.Tensor  # [batch, K, vocab_width] float32, the warped q of each draft
+    # [batch, P, vocab_width] float32, the warped q of each draft; P (1..K) covers the positions
+    # any row may draft this step (its cap, or the plan's depth), K on CUDA: a 64-row step whose
+    # rows draft at most 2 does not allocate and hand on K = 8 vocabulary-wide rows per request
+    draft_probs: torch.Tensor
     draft_features: torch.Tensor  # [batch, K] float32, logit(q_max) per position
     num_drafted: torch.Tensor  # [batch] int32, <= num_draft_tokens
     pass_ms: torch.Tensor  # [K] float32 (CPU), host ms of each pass; 0 = not run
@@ -91,9 +94,13 @@ class DraftStage(ModelStage):
         plan = DraftPlan.from_tensor(inputs.draft_plan, self.max_draft_tokens)
         offsets = self.slots.prepare(step)
         batch, k, vocab = inputs.batch_size, self.max_draft_tokens, self.vocab_width
+        limits, stops = draft_limits(
+            step.num_draft_tokens, step.adaptive, step.adaptive_drafting, plan
+        )
+        width = max(1, *limits) if self.compact and batch else k  # P, see DraftOutput
         out = DraftOutput(
             torch.zeros(batch, k, dtype=torch.int32, device=self.device),
-            torch.zeros(batch, k, vocab, dtype=torch.float32, device=self.device),
+            torch.zeros(batch, width, vocab, dtype=torch.float32, device=self.device),
             torch.zeros(batch, k, dtype=torch.float32, device=self.device),
             torch.zeros(batch, dtype=torch.int32, device=self.device),
             torch.zeros(k, dtype=torch.float32),
@@ -114,9 +121,6 @@ class DraftStage(ModelStage):
         # layer runs on the rows that draft x_0 only (none when no row drafts)
         hidden = self.model.forward_cached(
             self.cache, step.seq_ids, packed, lengths, hidden=True, at=last
-        )
-        limits, stops = draft_limits(
-            step.num_draft_tokens, step.adaptive, step.adaptive_drafting, plan
         )
         alive = _Alive(stops, plan, self.device, compact=self.compact)
         rows = list(range(batch))

@@ -99,9 +99,14 @@ def packed_rejection_sample(
     generators: Sequence[torch.Generator],
     *,
     check_values: bool = True,
+    stream_positions: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`rejection_sample` given p at the positions it reads only: row r's positions
     0..num_verify[r] at target_probs [positions, vocab] rows first_position[r] + j.
+
+    stream_positions (>= K, default K): each row draws stream_positions + 1 uniforms, the
+    accept tests use the first K and the token draw the last, so a caller verifying a prefix
+    of a longer draft window keeps every request's random stream as the window's.
 
     first_position [batch] int. Same outputs, same draws (K + 1 uniforms per row), for p equal
     at those positions (what p holds past num_verify never matters).
@@ -119,10 +124,13 @@ def packed_rejection_sample(
             raise ValueError(
                 f"first_position + 0..num_verify must lie in 0..{target_probs.shape[0] - 1}"
             )
-    uniforms, draw = _noise(generators, batch, num_pos, target_probs.device)
+    stream = num_pos if stream_positions is None else stream_positions
+    if stream < num_pos:
+        raise ValueError(f"stream_positions {stream} < the {num_pos} draft positions")
+    uniforms, draw = _noise(generators, batch, stream, target_probs.device)
     return packed_rejection_sample_from_noise(
-        draft_tokens, draft_probs, target_probs, first_position, num_verify, uniforms, draw,
-        check_values=check_values,
+        draft_tokens, draft_probs, target_probs, first_position, num_verify,
+        uniforms[:, :num_pos], draw, check_values=check_values,
     )  # fmt: skip
 
 

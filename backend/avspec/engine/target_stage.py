@@ -58,9 +58,10 @@ class TargetStage(ModelStage):
     ) -> StepOutputs:
         """Verify and sample one step.
 
-        draft_tokens: [batch, K] int, draft_probs: [batch, K, vocab_width] (the warped q;
-        `vocab_limit` wide when set, else the target's rows),
-        num_verify: [batch] int, admitted prefix per row (<= num_draft_tokens).
+        draft_tokens: [batch, K] int, draft_probs: [batch, P, vocab_width] (the warped q of the
+        first P positions, 1 <= P <= K: the draft stage sends only the positions any row may
+        draft; `vocab_limit` wide when set, else the target's rows),
+        num_verify: [batch] int, admitted prefix per row (<= num_draft_tokens and <= P).
 
         Host reads, once per step and by design: num_verify (to pack the ragged batch) and
         num_accepted (to roll the cache back); the verifier itself never syncs.
@@ -116,19 +117,28 @@ class TargetStage(ModelStage):
         first: torch.Tensor,
         num_verify: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rejection-sample every row with its own generator: (output_ids, num_accepted).
+        """Rejection-sample every row with its own generator: (output_ids [batch, K + 1],
+        num_accepted).
 
         q stays in its dtype: rejection reads it at the drafts and one position per row only.
+        With q for P < K positions the test runs on those P (nothing past them is verified) and
+        draws K + 1 uniforms a row all the same, so a request's random stream never depends on
+        how far the other rows of its batch could draft; output_ids is padded back to K + 1.
         """
-        return packed_rejection_sample(
-            draft_tokens,
+        k, width = draft_tokens.shape[1], draft_probs.shape[1]
+        output_ids, num_accepted = packed_rejection_sample(
+            draft_tokens[:, :width],
             draft_probs.to(self.device),
             target_probs,
             first,
             num_verify,
             self.slots.generators(step.seq_ids),
             check_values=self.check_values,
+            stream_positions=k,
         )
+        if width < k:
+            output_ids = torch.nn.functional.pad(output_ids, (0, k - width), value=-1)
+        return output_ids, num_accepted
 
     def _roll_back(self, step: HostStep, num_accepted: torch.Tensor) -> None:
         """Keep each row's committed inputs and accepted drafts cached; drop the rest."""
@@ -146,10 +156,14 @@ def check_verify_inputs(
     draft_probs: torch.Tensor,
     num_verify: torch.Tensor,
 ) -> list[int]:
-    """Check the drafts' shapes and 0 <= num_verify <= num_draft_tokens; return num_verify."""
+    """Check the drafts' shapes (draft_probs [batch, P, vocab], 1 <= P <= K) and 0 <= num_verify
+    <= min(num_draft_tokens, P); return num_verify."""
     batch, k = len(step.seq_ids), max_draft_tokens
     check_shape("draft_tokens", draft_tokens, (batch, k))
-    check_shape("draft_probs", draft_probs, (batch, k, vocab))
+    check_shape("draft_probs", draft_probs, (batch, None, vocab))
+    width = draft_probs.shape[1]
+    if not 1 <= width <= k:
+        raise ValueError(f"draft_probs has {width} positions, want 1..{k} (max_draft_tokens)")
     check_shape("num_verify", num_verify, (batch,))
     verify = num_verify.tolist()
     for r in range(batch):
@@ -157,6 +171,10 @@ def check_verify_inputs(
             raise ValueError(
                 f"num_verify[{r}] = {verify[r]} outside 0..num_draft_tokens "
                 f"({step.num_draft_tokens[r]})"
+            )
+        if verify[r] > width:
+            raise ValueError(
+                f"num_verify[{r}] = {verify[r]} past the {width} positions of draft_probs"
             )
     return verify
 

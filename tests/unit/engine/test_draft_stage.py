@@ -191,13 +191,21 @@ def generator_states(stage: DraftStage, seq_ids: list[int]) -> list[torch.Tensor
     return [g.get_state() for g in stage.slots.generators(seq_ids)]
 
 
+def full_probs(out: DraftOutput) -> torch.Tensor:
+    """draft_probs [batch, P, vocab] padded with zeros to [batch, K, vocab]."""
+    return torch.nn.functional.pad(out.draft_probs, (0, 0, 0, K - out.draft_probs.shape[1]))
+
+
 def assert_padding_past_num_drafted(out: DraftOutput) -> None:
-    """Positions < num_drafted hold a draft (q sums to 1), later ones padding (all zero)."""
+    """Positions < num_drafted hold a draft (q sums to 1), later ones padding (all zero); q
+    covers at least the positions drafted (P >= every num_drafted)."""
+    assert int(out.num_drafted.max()) <= out.draft_probs.shape[1] <= K
     drafted = torch.arange(K) < out.num_drafted[:, None].long()  # [batch, K]
+    probs = full_probs(out)
     torch.testing.assert_close(
-        out.draft_probs.sum(-1)[drafted], torch.ones(int(drafted.sum())), atol=1e-5, rtol=0
+        probs.sum(-1)[drafted], torch.ones(int(drafted.sum())), atol=1e-5, rtol=0
     )
-    assert torch.equal(out.draft_probs.sum(-1) > 0, drafted)
+    assert torch.equal(probs.sum(-1) > 0, drafted)
     assert out.draft_tokens[~drafted].abs().sum() == 0
     assert out.draft_features[~drafted].abs().sum() == 0
 
@@ -209,8 +217,10 @@ def assert_same_drafts(
     a: DraftOutput, b: DraftOutput, rows: slice = ALL, positions: slice = ALL
 ) -> None:
     for name in ("draft_tokens", "draft_probs", "draft_features"):
-        got, want = getattr(a, name)[rows, positions], getattr(b, name)[rows, positions]
-        assert torch.equal(got, want), name
+        got, want = getattr(a, name), getattr(b, name)
+        if name == "draft_probs":
+            got, want = full_probs(a), full_probs(b)
+        assert torch.equal(got[rows, positions], want[rows, positions]), name
 
 
 def test_zero_threshold_full_depth_plan_drafts_like_no_plan() -> None:

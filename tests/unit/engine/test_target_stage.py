@@ -362,3 +362,37 @@ def test_stage_equals_the_old_path_on_two_threads_with_one_position() -> None:
             )
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("width", [1, 2, K - 1])
+def test_q_for_fewer_positions_verifies_and_draws_as_the_full_window(width: int) -> None:
+    """draft_probs for the first P < K positions (what the draft sends when no row may draft
+    further) gives the output_ids, num_accepted and generator streams of the same q padded
+    with zeros to K, over 20 random steps; num_verify past P is refused by name."""
+    model = tiny_model(21)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(width)
+    short, full = make_target_stage(model), make_target_stage(model)
+    rows = [{"seq_id": r + 1, "tokens": [3 + r, 5, 7], "seed": r, "temperature": 0.9,
+             "top_p": 0.9} for r in range(3)]  # fmt: skip
+    for step in range(20):
+        inputs = make_inputs(rows)
+        q = torch.softmax(torch.randn(3, width, vocab, generator=gen) * 2, -1)
+        padded = torch.nn.functional.pad(q, (0, 0, 0, K - width))
+        drafts = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen).reshape(3, width)
+        drafts = torch.nn.functional.pad(drafts, (0, K - width)).int()
+        verify = torch.randint(0, width + 1, (3,), generator=gen)
+        a = short(inputs, drafts, q, verify)
+        b = full(inputs, drafts, padded, verify)
+        assert torch.equal(a.output_ids, b.output_ids), step
+        assert torch.equal(a.num_accepted, b.num_accepted), step
+        assert a.output_ids.shape == (3, K + 1)
+        for x, y in zip(short.slots.generators([1, 2, 3]), full.slots.generators([1, 2, 3]),
+                        strict=True):  # fmt: skip
+            assert torch.equal(x.get_state(), y.get_state())
+        for r, row in enumerate(rows):  # commit the accepted drafts and the new token
+            kept = a.output_ids[r, : int(a.num_accepted[r]) + 1].tolist()
+            row.update(start=row.get("start", 0) + len(row["tokens"]), tokens=kept,
+                       reusable=int(a.num_accepted[r]))  # fmt: skip
+    with pytest.raises(ValueError, match=rf"num_verify\[0\] = {width + 1} past the {width} "):
+        short(make_inputs(rows), drafts, q, torch.tensor([width + 1, 0, 0]))
