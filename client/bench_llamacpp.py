@@ -54,6 +54,7 @@ from typing import IO, Any
 from bench_serving import Arm, StreamClient, parse_arms, run_phase, start_server
 from tqdm import tqdm
 
+from avspec.serving.repository import SERVING_DTYPES
 from avspec.tools.frontier import RequestRecord, time_to_first_token
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -503,6 +504,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cost-tables", type=Path, default=None, help="verifier cost tables JSON")
     p.add_argument("--target-dir", type=Path, default=None, help="with --start-server")
     p.add_argument("--draft-dir", type=Path, default=None, help="with --start-server")
+    p.add_argument(
+        "--target-dtype", default=None, choices=SERVING_DTYPES["cpu"],
+        help="with --start-server: the target stage's dtype (int4: weight-only 4-bit, as "
+        "llama.cpp runs the GGUF's blocks; default: the repository's, bf16 here)",
+    )  # fmt: skip
     p.add_argument("--kmax", type=int, default=8, help="the server's max_draft_tokens")
     p.add_argument("--arms", default="none,k4,ad8", help="server arms: none,k<N>,av<N>,ad<N>")
     p.add_argument("--workload", type=Path, default=ROOT / "workloads" / "chat.jsonl")

@@ -36,6 +36,7 @@ import tritonclient.grpc as grpcclient
 from tqdm import tqdm
 
 from avspec.serving.metrics import Samples, parse_metrics
+from avspec.serving.repository import SERVING_DTYPES
 from avspec.tools.frontier import (
     X_KEY,
     Y_KEY,
@@ -380,6 +381,8 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     for model, directory in (("target", args.target_dir), ("draft", args.draft_dir)):
         if directory is not None:
             overrides[model] = {"model_dir": directory.resolve()}
+    if getattr(args, "target_dtype", None):  # the target stage's `dtype` (e.g. int4)
+        overrides.setdefault("target", {})["dtype"] = args.target_dtype
     repo = copy_repository(args.model_repository, work / "model_repository", overrides)
     ports = [free_port() for _ in range(3)]
     server = ServerProcess(repo, *ports, log_path=work / "tritonserver.log")
@@ -400,6 +403,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cost-tables", type=Path, default=None, help="verifier cost tables JSON")
     p.add_argument("--target-dir", type=Path, default=None, help="with --start-server")
     p.add_argument("--draft-dir", type=Path, default=None, help="with --start-server")
+    p.add_argument(
+        "--target-dtype", default=None, choices=SERVING_DTYPES["cpu"],
+        help="with --start-server: the target stage's dtype (default: the repository's)",
+    )  # fmt: skip
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="comma list")
     p.add_argument("--kmax", type=int, default=8, help="the server's max_draft_tokens")
     p.add_argument("--arms", default="default", help="default or none,k<N>,av<N>,...")

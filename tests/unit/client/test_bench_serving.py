@@ -29,6 +29,12 @@ def test_parse_args_errors(tmp_path: Path):
         bench.parse_args(["--out", str(tmp_path), "--concurrency", "0"])
     args = bench.parse_args(["--out", str(tmp_path), "--concurrency", "4,1,4"])
     assert args.concurrency == [1, 4] and len(args.arm_list) == 11
+    assert args.target_dtype is None  # the repository's own
+    assert (
+        bench.parse_args(["--out", str(tmp_path), "--target-dtype", "int4"]).target_dtype == "int4"
+    )
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--out", str(tmp_path), "--target-dtype", "int3"])
 
 
 def point(c, arm, x, y):
