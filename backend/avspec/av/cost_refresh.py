@@ -77,7 +77,7 @@ class CostRefresh:
         """One served step; a no-op when disabled.
 
         draft_rows[p], draft_ms[p]: rows and ms of draft pass p (pass 0: the tokens of the
-        pending-input pass; a pass with 0 rows was not run and is skipped). verify_tokens,
+        pending-input pass; a pass with 0 rows or 0 ms was not run and is skipped). verify_tokens,
         verify_ms: the target forward; verify_rows: the rows it ran (0: the per-row term is
         left out). step_ms: the step's wall ms as the scheduler measured it,
         or None. ValueError naming the field for a negative or non-finite value, a fractional
@@ -96,7 +96,7 @@ class CostRefresh:
         wall = None if step_ms is None else _millis("step_ms", step_ms)
 
         for size, ms in zip(rows, millis, strict=True):
-            if size > 0:
+            if size > 0 and ms > 0:  # 0 ms: the pass was not run (or not timed)
                 self._add("draft_pass", size, ms)
         if tokens > 0:
             self._add("verify", tokens, target_ms, self.profiled.verify_row_ms * verify_rows)

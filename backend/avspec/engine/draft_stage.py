@@ -127,6 +127,8 @@ class DraftStage(ModelStage):
         for position in range(k):
             rows = [r for r in rows if limits[r] > position and alive.may_draft(r)]
             if not rows:
+                if position == 0:  # nothing drafted: pass 0 is the pending-input forward alone
+                    out.pass_ms[0] = (time.perf_counter() - started) * 1e3
                 break
             index = torch.tensor(rows, device=self.device)  # [rows]
             if position == 0:

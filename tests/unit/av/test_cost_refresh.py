@@ -103,6 +103,16 @@ def test_disabled_does_nothing():
     assert refresh.report()["enabled"] is False and refresh.report()["observed_step_ms"] is None
 
 
+def test_a_pass_timed_at_zero_is_not_a_sample():
+    """A draft pass reported at 0 ms (not run, or not timed) with rows > 0 would pull the table
+    towards a free draft: the refresh leaves it out, and the table stays the profile's."""
+    cost = _profiled()
+    refresh = CostRefresh(cost, window=4, every=4)
+    for _ in range(8):
+        refresh.observe([64, 0], [0.0, 0.0], 64, float(cost.verify(64)), None)
+    assert cost.draft_pass.millis == pytest.approx(refresh.profiled.draft_pass.millis, rel=1e-12)
+
+
 def test_one_outlier_does_not_move_the_table():
     cost = _profiled()
     refresh = CostRefresh(cost, window=16, every=8)

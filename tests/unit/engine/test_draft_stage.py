@@ -290,6 +290,11 @@ def test_depth_zero_drafts_nothing_runs_no_output_layer_and_keeps_the_cache() ->
         del model.logits
     assert out.num_drafted.tolist() == [0, 3, 0, 0, 0]
     assert rows_seen == [1, 1, 1]  # row 1's three passes, nobody else's
+    idle = make_draft_stage(model)(with_plan(inputs, DraftPlan(0.5, 0, 1.0, (0.0,) * K),
+                                             [True] * len(PLAN_ROWS)))  # fmt: skip
+    assert idle.num_drafted.tolist() == [0] * len(PLAN_ROWS) and idle.draft_probs.shape[1] == 1
+    # pass 0 is then the pending-input forward alone, still timed (the cost refresh reads it)
+    assert idle.pass_ms[0] > 0 and idle.pass_ms[1:].abs().sum() == 0
     assert_padding_past_num_drafted(out)
     plain(inputs)
     # next step: no draft accepted, one correction token back for every row
