@@ -250,7 +250,7 @@ def _old_path_case(model: Transformer, seed: int, vocab_limit: int | None, batch
     """One random step through a fresh stage and through the reference: asserts the same p at
     the verified positions (the same nucleus, bit for bit where the stage's warp sums a
     vocabulary-wide row as the reference does, within 1e-6 relative where it renormalises a
-    short nucleus by the sum of its own values: `sampling._top_p_cpu`), the same output_ids and
+    short nucleus by the sum of its own values: `top_p._top_p_cpu`), the same output_ids and
     num_accepted; returns what the step exercised. `fixed`: temperature, top_p or scale (of the
     logits) for every row.
 
