@@ -10,7 +10,8 @@ One `AdaptiveVerifier.step` per decode step (spec sections 2-4 and 6), in this o
    over each request's drafts;
 3. the budget: `avspec.av.drafting.plan_step` over the PREVIOUS step's survival values of the
    sequences present now (matched by seq id on the host; positions the sequence did not draft
-   then are extrapolated with its last confidence; a sequence with no previous values scores 1.0),
+   then are extrapolated with its last confidence; a sequence with no previous values scores the
+   previous batch's mean row, 1.0 with no previous batch),
    with T = base_tokens + the drafts of requests whose `adaptive` flag is off (those are verified
    in full and take no part in the top-k), and the draft passes priced by the cost tables;
 4. admission: the `budget` best survival values among the drafted adaptive candidates
@@ -253,12 +254,16 @@ class AdaptiveVerifier:
         self.num_observed += 1
 
     def _stale_rows(self, ids: list[int], num_pos: int, device: torch.device) -> torch.Tensor:
-        """Previous survival rows [batch, position] for `ids`; 1.0 for sequences without one."""
+        """Previous survival rows [batch, position] for `ids`. A sequence without one scores the
+        previous batch's mean row (1.0 when there was none): a new request is expected to
+        draft like the requests it joins. Scored 1.0, the two or three requests that join a
+        64-row batch every step looked like sure drafts and pulled each next plan into
+        drawing x_0 for every row, where no draft paid."""
         values = _fit_columns(self._stale_values, num_pos)
         if len(ids) == values.shape[0] and list(self._stale) == ids:
             return values  # the same batch in the same order as last step
-        ones = torch.ones(num_pos, device=device)
-        return torch.stack([values[self._stale[i]] if i in self._stale else ones for i in ids])
+        prior = values.mean(0) if values.shape[0] else torch.ones(num_pos, device=device)
+        return torch.stack([values[self._stale[i]] if i in self._stale else prior for i in ids])
 
     def _validate(self, inputs: VerifierInputs) -> tuple[list[int], list[int]]:
         """(sequence ids, released ids) of valid inputs (num_drafted and adaptive_drafting

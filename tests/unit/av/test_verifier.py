@@ -102,12 +102,16 @@ def test_budget_comes_from_previous_step_survival():
     assert int(second.verified) == min(want, 6)
 
 
-def test_new_sequence_among_old_ones_scores_one():
+def test_new_sequence_among_old_ones_scores_the_previous_batchs_mean_row():
+    """Sequence 5 joins: it scores the mean of the previous batch's rows (1 and 2), not 1.0 (a
+    sure draft) nor sequence 1's row; the case tells the three apart."""
     verifier = _verifier()
-    first = verifier.step(_args([1], [[-3.0, -3.0, -3.0]]))
-    second = verifier.step(_args([1, 5], [[0.0] * 3, [0.0] * 3], prev=[0]))
-    stale = torch.stack([first.survival[0], torch.ones(3)])
+    first = verifier.step(_args([1, 2], [[-3.0, -3.0, -3.0], [6.0, 6.0, 6.0]]))
+    second = verifier.step(_args([1, 5], [[0.0] * 3, [0.0] * 3], prev=[0, 0]))
+    mean = first.survival.mean(0)
+    stale = torch.stack([first.survival[0], mean])
     assert int(second.budget) == _budget(stale, [3, 3], 2)
+    assert int(second.budget) != _budget(torch.stack([first.survival[0], torch.ones(3)]), [3, 3], 2)
     assert int(second.budget) != _budget(torch.stack([first.survival[0]] * 2), [3, 3], 2)
 
 
@@ -196,10 +200,13 @@ def test_length_mismatch_drops_the_record():
 
 
 def test_released_sequence_counts_as_new():
+    """A released id that comes back is new: it scores the previous batch's mean row."""
     verifier = _verifier()
-    verifier.step(_args([1], [[-6.0] * 3]))
-    again = verifier.step(_args([1], [[0.0] * 3], prev=[0], release=[1]))
-    assert int(again.budget) == _budget(torch.ones(1, 3), [3], 1)
+    verifier.step(_args([1, 2], [[-6.0] * 3, [6.0] * 3]))
+    again = verifier.step(_args([1], [[0.0] * 3], prev=[0, 0], release=[1]))
+    c = torch.sigmoid(0.5 * torch.tensor([-6.0, 6.0]) - 0.2)
+    rows = torch.stack([c[0] ** torch.arange(1, 4), c[1] ** torch.arange(1, 4)])
+    assert int(again.budget) == _budget(rows.mean(0)[None], [3], 1)
 
 
 def test_empty_batch_releases_and_labels():
