@@ -51,10 +51,16 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
-from bench_serving import Arm, StreamClient, parse_arms, run_phase, start_server
+from bench_serving import (
+    Arm,
+    StreamClient,
+    add_server_arguments,
+    arms_or_exit,
+    run_phase,
+    start_server,
+)
 from tqdm import tqdm
 
-from avspec.serving.repository import SERVING_DTYPES
 from avspec.tools.frontier import RequestRecord, time_to_first_token
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -498,16 +504,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--cache", type=Path, default=ROOT / "build" / "gguf-cache")
     p.add_argument("--threads", type=int, default=1, help="llama.cpp threads (decode, batch)")
     p.add_argument("--n-ctx", type=int, default=512, help="llama.cpp context")
-    p.add_argument("--url", default="127.0.0.1:8001", help="gRPC address of a running server")
-    p.add_argument("--start-server", action="store_true", help="start one (free ports)")
-    p.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
-    p.add_argument("--cost-tables", type=Path, default=None, help="verifier cost tables JSON")
-    p.add_argument("--target-dir", type=Path, default=None, help="with --start-server")
-    p.add_argument("--draft-dir", type=Path, default=None, help="with --start-server")
-    p.add_argument(
-        "--target-dtype", default=None, choices=SERVING_DTYPES["cpu"],
-        help="with --start-server: the target stage's dtype (int4: weight-only 4-bit, as "
-        "llama.cpp runs the GGUF's blocks; default: the repository's, bf16 here)",
+    add_server_arguments(
+        p, "(int4: weight-only 4-bit, as llama.cpp runs the GGUF's blocks; default: the "
+        "repository's, bf16 here)",
     )  # fmt: skip
     p.add_argument("--kmax", type=int, default=8, help="the server's max_draft_tokens")
     p.add_argument("--arms", default="none,k4,ad8", help="server arms: none,k<N>,av<N>,ad<N>")
@@ -526,10 +525,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--prompts, --rounds, --max-tokens and --threads must be >= 1")
     if args.warmup_requests < 0:
         p.error("--warmup-requests must be >= 0")
-    try:
-        args.arm_list = parse_arms(args.arms, args.kmax)
-    except ValueError as err:
-        p.error(str(err))
+    args.arm_list = arms_or_exit(p, args.arms, args.kmax)
     return args
 
 

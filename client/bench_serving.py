@@ -390,14 +390,9 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     return server.grpc_url, server.metrics_url
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
+def add_server_arguments(p: argparse.ArgumentParser, dtype_help: str = "") -> None:
+    """The server a benchmark talks to (`--url`) or starts (`start_server`'s arguments)."""
     p.add_argument("--url", default="127.0.0.1:8001", help="gRPC address of a running server")
-    p.add_argument("--metrics-url", default=None, help="scrape av_* metrics at the end")
     p.add_argument("--start-server", action="store_true", help="start one (free ports)")
     p.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")
     p.add_argument("--cost-tables", type=Path, default=None, help="verifier cost tables JSON")
@@ -405,8 +400,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--draft-dir", type=Path, default=None, help="with --start-server")
     p.add_argument(
         "--target-dtype", default=None, choices=SERVING_DTYPES["cpu"],
-        help="with --start-server: the target stage's dtype (default: the repository's)",
+        help="with --start-server: the target stage's dtype "
+        + (dtype_help or "(default: the repository's)"),
     )  # fmt: skip
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    add_server_arguments(p)
+    p.add_argument("--metrics-url", default=None, help="scrape av_* metrics at the end")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="comma list")
     p.add_argument("--kmax", type=int, default=8, help="the server's max_draft_tokens")
     p.add_argument("--arms", default="default", help="default or none,k<N>,av<N>,...")
@@ -428,11 +434,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.workloads = [w for w in args.workloads.split(",") if w]
     if not args.concurrency or min(args.concurrency) < 1 or not args.workloads:
         p.error("need concurrency values >= 1 and at least one workload")
-    try:
-        args.arm_list = parse_arms(args.arms, args.kmax)
-    except ValueError as err:
-        p.error(str(err))
+    args.arm_list = arms_or_exit(p, args.arms, args.kmax)
     return args
+
+
+def arms_or_exit(parser: argparse.ArgumentParser, spec: str, kmax: int) -> list[Arm]:
+    """`parse_arms`, a bad spec ending the program through the parser's error."""
+    try:
+        return parse_arms(spec, kmax)
+    except ValueError as err:
+        parser.error(str(err))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers.client_scripts import load_client_script
 
-load_client_script("bench_serving")  # imported by name by bench_llamacpp
+serving = load_client_script("bench_serving")  # imported by name by bench_llamacpp
 bench = load_client_script("bench_llamacpp")
 
 FAKE_LLAMA_CPP = """
@@ -139,7 +139,7 @@ def test_end_to_end():
 
 
 def test_round_plan_alternates_sides():
-    arms = bench.parse_arms("none,k4,ad8", 8)
+    arms = serving.parse_arms("none,k4,ad8", 8)
     plan = [(r, s if isinstance(s, str) else s.name) for r, s in bench.round_plan(arms, 3)]
     assert plan == [
         (0, "llama.cpp"), (0, "none"), (0, "k4"), (0, "ad8"),
