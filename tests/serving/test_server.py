@@ -248,7 +248,10 @@ def _verifier_failures(samples: dict) -> float:
 
 
 def test_hot_requests_stay_out_of_the_refit(server: ServerProcess) -> None:
-    """temperature 3 > refit_max_temperature: rows reach the verifier as -1, no step fails."""
+    """temperature 3 > refit_max_temperature: rows reach the verifier as -1, no step fails.
+
+    Adaptive drafting is off so every request drafts: at temperature 3 the plan may rightly
+    draft nothing, and then no hot row would reach the verifier at all."""
     before = scrape(server)
     with ThreadPoolExecutor(4) as pool:
         outs = list(
@@ -259,6 +262,7 @@ def test_hot_requests_stay_out_of_the_refit(server: ServerProcess) -> None:
                     max_tokens=16,
                     temperature=3.0,
                     random_seed=i,
+                    adaptive_drafting=False,
                 ),  # fmt: skip
                 range(4),
             )
