@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from avspec.runtime.quantized import Int8Linear
 from avspec.runtime.transformer import Transformer
+from avspec.runtime.w8a8 import W8A8Linear
 
 DRAFT_VOCAB_FILE = "draft_vocab.json"
 DRAFT_VOCAB_AUTO = "auto"  # the parameter value: DRAFT_VOCAB_FILE of the draft when it has one
@@ -160,7 +161,7 @@ class ReducedHead:
 
     `kept_logits(x)` [..., kept] multiplies `final_norm(x)` by the kept rows of the output matrix,
     gathered once here (a float model: a copy of those rows, tied or untied; a quantized model's
-    int8 head: those rows of it, same kernels); `index` [kept] int64 holds their token ids.
+    int8 or w8a8 head: those rows of it, same kernels); `index` [kept] int64 holds their token ids.
     `__call__(x)` scatters them into [..., vocab] (the model's rows) with -inf at every other id:
     the full-width logits the map stands for (tests and benchmarks compare with them; the draft
     stage works on `kept_logits` alone). Device-agnostic: the copy and the index live with the
@@ -181,11 +182,13 @@ class ReducedHead:
                 self.rows = weight.detach()[self.index].contiguous()
             elif isinstance(head, Int8Linear):
                 self.layer = _Int8Rows(head, self.index)
+            elif isinstance(head, W8A8Linear):
+                self.layer = head.rows(self.index)
             elif isinstance(head, nn.Linear) and head.bias is None:
                 self.rows = head.weight.detach()[self.index].contiguous()
             else:
                 raise DraftVocabError(
-                    f"a reduced draft vocabulary needs a tied, linear or int8 output layer, "
+                    f"a reduced draft vocabulary needs a tied, linear, int8 or w8a8 output layer, "
                     f"the model has {type(head).__name__}"
                 )
 

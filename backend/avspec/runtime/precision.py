@@ -7,7 +7,9 @@ whether the block and output matrices are stored as weight-only int8 or int4
 - `float32`, `bfloat16`, `float16`: every weight and activation in that dtype;
 - `auto`: bfloat16 where the CPU multiplies it natively (`avspec.runtime.cpu_features`), else
   float32, decided and logged once per process; on a GPU bfloat16 where supported;
-- `int8`, `int4` (CPU only): those weights quantized at load, activations as `auto` picks.
+- `int8`, `int4` (CPU only): those weights quantized at load, activations as `auto` picks;
+- `w8a8` (CPU only): int8 weights and each product's activations quantized to int8 on the fly
+  (FBGEMM's int8 GEMM); the other activations as `auto` picks.
 
 A quantized target is a slightly different model from the checkpoint's (bfloat16 is too, less
 so): exactness against `transformers` is stated and tested in float32, the precisions are
@@ -24,9 +26,10 @@ from pathlib import Path
 import torch
 
 from avspec.runtime.cpu_features import BF16_FLAGS, has_fast_bf16, read_cpu_flags
-from avspec.runtime.model_dir import load_model
+from avspec.runtime.model_dir import load_model, load_tokenizer
 from avspec.runtime.quantized import WEIGHT_KINDS, quantize_model
 from avspec.runtime.transformer import Transformer
+from avspec.runtime.w8a8 import calibration_ids
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +39,8 @@ PRECISIONS = (*FLOAT_DTYPES, "auto", *WEIGHT_KINDS)
 
 @dataclass(frozen=True)
 class Precision:
-    """A resolved serving precision: `dtype` of activations, `weights` "int8"/"int4" or None."""
+    """A resolved serving precision: `dtype` of activations, `weights` "int8"/"int4"/"w8a8" or
+    None."""
 
     name: str
     dtype: torch.dtype
@@ -44,6 +48,8 @@ class Precision:
 
     def __str__(self) -> str:
         activations = str(self.dtype).removeprefix("torch.")
+        if self.weights == "w8a8":
+            return f"int8 weights, int8 dynamic activations in products, {activations} elsewhere"
         if self.weights is not None:
             return f"{self.weights} weights, {activations} activations"
         return f"{activations} (auto)" if self.name == "auto" else activations
@@ -51,7 +57,7 @@ class Precision:
 
 def resolve_precision(name: str, device: str | torch.device = "cpu") -> Precision:
     """The `Precision` a stage's `dtype` value `name` means on `device`; ValueError for an
-    unknown name or int8/int4 off the CPU."""
+    unknown name or int8/int4/w8a8 off the CPU."""
     kind = torch.device(device).type
     if name in FLOAT_DTYPES:
         return Precision(name, FLOAT_DTYPES[name])
@@ -90,9 +96,13 @@ def load_served_model(
     group_size: int = 32,
 ) -> Transformer:
     """`avspec.runtime.model_dir.load_model` in `precision` (a `PRECISIONS` name), quantized
-    at load for int8/int4 (`group_size`: int4's inputs per scale)."""
+    at load for int8/int4/w8a8 (`group_size`: int4's inputs per scale; w8a8 calibrated on
+    `avspec.runtime.w8a8.CALIBRATION_TEXT` in the model's tokenizer)."""
     spec = resolve_precision(precision, device)
     model = load_model(path, device, dtype=spec.dtype, max_length=max_length)
     if spec.weights is not None:
-        quantize_model(model, spec.weights, group_size)
+        calibration = None
+        if spec.weights == "w8a8":  # fitted to the model's own reading of a fixed text
+            calibration = calibration_ids(load_tokenizer(path).encode)
+        quantize_model(model, spec.weights, group_size, calibration)
     return model

@@ -15,17 +15,20 @@ therefore runs its kernel up to `kernel_max_tokens` tokens and, above, dequantiz
 into a scratch buffer shared by the model's layers and runs an ordinary product: the same
 quantized model, computed the way that is fast for the batch.
 
-Quantization: int8 is symmetric per output channel (scale = max |w| / 127); int4 is asymmetric
-per group of `group_size` inputs (scale = (max - min) / 15, the group's min maps to q = 0), the
-scheme of GGUF's Q4_1 blocks, so a target converted from a Q4_1 file at group size 32 gets its
-file's 4-bit weights back (up to the scales' rounding to the activations' dtype). The int4
-kernel's packed layout is private to torch, so the dequantized path keeps its own copy of the
-nibbles (two per byte): int4 holds about 1 byte per weight, a small step streams 0.5.
+Quantization (`avspec.runtime.weight_rounding`): int8 per output channel; int4 per group of
+`group_size` inputs, the scheme of GGUF's Q4_1 blocks, so a target converted from a Q4_1 file
+at group size 32 gets its file's 4-bit weights back (up to the scales' rounding to the
+activations' dtype). The int4 kernel's packed layout is private to torch, so the dequantized
+path keeps its own copy of the nibbles (two per byte): int4 holds about 1 byte per weight, a
+small step streams 0.5.
+
+`w8a8` (`avspec.runtime.w8a8`) quantizes the activations of each product too: int8 weights
+and an int8 GEMM that reads each weight once per call.
 
 `quantize_model` turns every block projection of a `Transformer` into such layers, and the
-output matrix (the tied embedding's transpose too) into int8 in both modes: GGUF's 4-bit files
-keep their token embedding at 8 bits as well. The embedding lookup itself stays in the
-activations' dtype.
+output matrix (the tied embedding's transpose too) into int8 in every mode (w8a8: a w8a8
+layer): GGUF's 4-bit files keep their token embedding at 8 bits as well. The embedding lookup
+itself stays in the activations' dtype.
 """
 
 from __future__ import annotations
@@ -35,12 +38,24 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from avspec.runtime.w8a8 import W8A8Linear, input_maxima
+from avspec.runtime.weight_rounding import quantize_int4, quantize_int8
+
 if TYPE_CHECKING:
     from avspec.runtime.transformer import Transformer
 
+__all__ = [
+    "Int4Linear",
+    "Int8Linear",
+    "W8A8Linear",
+    "quantize_int4",
+    "quantize_int8",
+    "quantize_model",
+]
+
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 CPU kernel accepts
 INT4_ROW_MULTIPLE = 16  # the int4 packing needs output rows in multiples of this
-WEIGHT_KINDS = ("int8", "int4")
+WEIGHT_KINDS = ("int8", "int4", "w8a8")
 
 
 class DequantScratch:
@@ -60,27 +75,6 @@ class DequantScratch:
         if self._buffer is None or self._buffer.dtype != dtype or self._buffer.numel() < size:
             self._buffer = torch.empty(size, dtype=dtype)
         return self._buffer[:size].view(shape)
-
-
-def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """(q int8 [out, in], scales float32 [out]) with weight ~ q * scales[:, None]."""
-    w = weight.detach().float()
-    scales = w.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127.0
-    q = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
-    return q, scales
-
-
-def quantize_int4(weight: Tensor, group_size: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(q uint8 [out, in] in 0..15, scales, zeros float32 [out, in / group_size]) with
-    weight ~ (q - 8) * scale + zero within each group of `group_size` inputs."""
-    rows, cols = weight.shape
-    if cols % group_size:
-        raise ValueError(f"int4: {cols} inputs are not a multiple of the group size {group_size}")
-    groups = weight.detach().float().view(rows, cols // group_size, group_size)
-    low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-    scales = ((high - low) / 15.0).clamp_min(torch.finfo(torch.float32).tiny)
-    q = torch.round((groups - low[..., None]) / scales[..., None]).clamp_(0, 15)
-    return q.to(torch.uint8).view(rows, cols), scales, low + 8.0 * scales
 
 
 class _WeightOnlyLinear(nn.Module):
@@ -203,31 +197,44 @@ class Int4Linear(_WeightOnlyLinear):
 _PROJECTIONS = ("qkv", "attn_out", "mlp_in", "mlp_out")
 
 
-def quantize_model(model: Transformer, kind: str, group_size: int = 32) -> None:
-    """Replace, in place, the block projections of a loaded `Transformer` by `kind` ("int8" or
-    "int4") layers and its output matrix by an int8 one; the model's float weights (in the
-    activations' dtype) are dropped as each is replaced. CPU only."""
+def quantize_model(
+    model: Transformer, kind: str, group_size: int = 32, calibration: Tensor | None = None
+) -> None:
+    """Replace, in place, the block projections of a loaded `Transformer` by `kind` ("int8",
+    "int4" or "w8a8") layers and its output matrix by an int8 one (w8a8: a w8a8 one); the
+    model's float weights (in the activations' dtype) are dropped as each is replaced.
+    `calibration` [tokens] (w8a8 only): the ids whose activations the smoothing and outlier
+    channels are fitted to (`avspec.runtime.w8a8`; None: the plain kernel). CPU only."""
     if kind not in WEIGHT_KINDS:
         raise ValueError(f"weight quantization must be one of {WEIGHT_KINDS}, got {kind!r}")
     dtype = model.embed.weight.dtype
     if model.embed.weight.device.type != "cpu":
-        raise ValueError("int8/int4 weights run on torch's CPU kernels: load the model on the CPU")
+        raise ValueError(f"{kind} runs on torch's CPU kernels: load the model on the CPU")
     projections = [getattr(block, name) for block in model.blocks for name in _PROJECTIONS]
     if kind == "int4":
         check_int4_shapes([tuple(p.weight.shape) for p in projections], group_size)
+    # w8a8: each layer's calibrated input maxima (the head's input is final_norm's output)
+    maxima: dict = {}
+    if kind == "w8a8" and calibration is not None:
+        maxima = input_maxima(model, projections, calibration)
     scratch = DequantScratch()
 
-    def layer(linear: nn.Module, weight_kind: str) -> nn.Module:
+    def layer(linear: nn.Module, weight_kind: str, input_of: nn.Module) -> nn.Module:
         if weight_kind == "int4":
             return Int4Linear(linear.weight, linear.bias, dtype, scratch, group_size)
+        if weight_kind == "w8a8":
+            input_max = maxima.get(input_of)
+            return W8A8Linear.calibrated(linear.weight, linear.bias, dtype, input_max)
         return Int8Linear(linear.weight, linear.bias, dtype, scratch)
 
     with torch.no_grad():
         for block in model.blocks:
             for name in _PROJECTIONS:
-                setattr(block, name, layer(getattr(block, name), kind))
+                linear = getattr(block, name)
+                setattr(block, name, layer(linear, kind, linear))
         head = model.lm_head if model.lm_head is not None else _TiedHead(model.embed.weight)
-        model.lm_head = layer(head, "int8")
+        head_kind = "w8a8" if kind == "w8a8" else "int8"
+        model.lm_head = layer(head, head_kind, model.final_norm)
 
 
 class _TiedHead:

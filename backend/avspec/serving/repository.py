@@ -69,9 +69,9 @@ STEP_OUTPUT_DTYPES: dict[str, type] = {
 
 
 # Serving dtypes a stage may ask for, by device kind (fp16 matmuls are slow or missing on CPU;
-# int8/int4 weights run on torch's CPU kernels): avspec.runtime.precision says what each means.
+# int8/int4/w8a8 run on torch's CPU kernels): avspec.runtime.precision says what each means.
 SERVING_DTYPES: dict[str, tuple[str, ...]] = {
-    "cpu": ("float32", "bfloat16", "auto", "int8", "int4"),
+    "cpu": ("float32", "bfloat16", "auto", "int8", "int4", "w8a8"),
     "cuda": ("float32", "float16", "bfloat16", "auto"),
 }
 

@@ -126,6 +126,17 @@ def test_an_int8_head_keeps_its_rows_and_kernels(tokens: int) -> None:
     torch.testing.assert_close(head.kept_logits(x), model.logits(x)[:, KEPT])
 
 
+def test_a_w8a8_head_keeps_its_rows_and_smoothing() -> None:
+    """A w8a8 model's output layer: the kept rows' logits are the full layer's (same int8
+    values, scales, input scales and outlier channels)."""
+    model = tiny_model(1).float()
+    calibration = torch.randint(0, VOCAB, (96,), generator=torch.Generator().manual_seed(3))
+    quantize_model(model, "w8a8", calibration=calibration)
+    head = ReducedHead(model, DraftVocab.of(KEPT, VOCAB))
+    x = torch.randn(7, model.config.width)
+    torch.testing.assert_close(head.kept_logits(x), model.logits(x)[:, KEPT])
+
+
 def test_scatter_kept_places_values_and_minus_inf() -> None:
     kept = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
     out = scatter_kept(kept, torch.tensor([0, 2]), 4)

@@ -18,6 +18,7 @@ from avspec.runtime.hf_checkpoint import load_hf_model
 from avspec.runtime.precision import PRECISIONS, Precision, load_served_model, resolve_precision
 from avspec.runtime.quantized import Int4Linear, Int8Linear
 from avspec.runtime.transformer import Transformer
+from avspec.runtime.w8a8 import OUTLIER_CHANNELS, W8A8Linear
 
 CONFIG = llama_form_config(width=64, num_heads=4, num_kv_heads=2, intermediate_size=128)
 
@@ -44,7 +45,9 @@ def test_names_resolve_per_device():
         resolve_precision("int8", "cuda")
     with pytest.raises(ValueError, match="dtype must be one of float32, bfloat16, float16, auto"):
         resolve_precision("int2")
-    assert set(PRECISIONS) == {"float32", "bfloat16", "float16", "auto", "int8", "int4"}
+    assert set(PRECISIONS) == {"float32", "bfloat16", "float16", "auto", "int8", "int4", "w8a8"}
+    with pytest.raises(ValueError, match="CPU kernels"):
+        resolve_precision("w8a8", "cuda")
 
 
 def test_float32_is_the_checkpoint_model(checkpoint):
@@ -68,6 +71,19 @@ def test_quantized_load(checkpoint, auto_is_bfloat16, name, layer):
     with torch.no_grad():
         logits = model.forward_cached(cache, [0], torch.arange(5), [5])
     assert logits.shape == (5, 257) and torch.isfinite(logits).all()
+
+
+def test_w8a8_load_is_calibrated(checkpoint, auto_is_bfloat16):
+    model = load_served_model(checkpoint, "cpu", "w8a8", max_length=32)
+    layers = [block.mlp_out for block in model.blocks] + [model.lm_head]
+    assert all(isinstance(layer, W8A8Linear) for layer in layers)
+    assert all(len(layer.outliers) == OUTLIER_CHANNELS for layer in layers)  # calibrated
+    assert str(resolve_precision("w8a8")).startswith("int8 weights, int8 dynamic activations")
+    cache = model.new_cache(1, 32)
+    cache.allocate(0)
+    with torch.no_grad():
+        logits = model.forward_cached(cache, [0], torch.arange(5), [5])
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
 
 
 def test_auto_is_bfloat16_where_fast(checkpoint, auto_is_bfloat16):
