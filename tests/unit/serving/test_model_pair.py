@@ -155,14 +155,15 @@ def test_launcher_serves_a_rewritten_copy(
 def test_stage_dtype_by_device() -> None:
     assert StageParams(model_dir="x", dtype="bfloat16").dtype == "bfloat16"
     assert StageParams(model_dir="x", device="cuda", dtype="float16").dtype == "float16"
-    for name in ("auto", "int8", "int4"):  # avspec.runtime.precision
+    for name in ("auto", "int8", "int4", "w8a8"):  # avspec.runtime.precision
         assert StageParams(model_dir="x", dtype=name).dtype == name
     with pytest.raises(
-        ValueError, match="dtype must be one of float32, bfloat16, auto, int8, int4 on cpu"
+        ValueError, match="dtype must be one of float32, bfloat16, auto, int8, int4, w8a8 on cpu"
     ):
         StageParams(model_dir="x", dtype="float16")
-    with pytest.raises(ValueError, match="dtype must be one of .* on cuda, got 'int4'"):
-        StageParams(model_dir="x", device="cuda", dtype="int4")
+    for name in ("int4", "w8a8"):
+        with pytest.raises(ValueError, match=f"dtype must be one of .* on cuda, got '{name}'"):
+            StageParams(model_dir="x", device="cuda", dtype=name)
     with pytest.raises(ValueError, match="vocab_limit"):
         StageParams(model_dir="x", vocab_limit=-1)
     assert getattr(torch, StageParams(model_dir="x").dtype) is torch.float32
