@@ -44,8 +44,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from avspec.checks import check_shape
-from avspec.runtime.attention import grouped_attention, mask_bias
+from avspec.runtime.attention import grouped_attention
 from avspec.runtime.kv_cache import KVCache
+from avspec.runtime.ragged import AttentionTile, RaggedIndex
 from avspec.runtime.rope import ROPE_STYLES, RopeScaling, Rotary
 
 ROPE_BASE = 10000.0
@@ -362,71 +363,37 @@ class Transformer(nn.Module):
             )
         self.check_cache(cache)
         slots, starts = cache.reserve(seq_ids, lengths)
-        index = _RaggedIndex(slots, starts, lengths, input_ids.device)
+        index = RaggedIndex(slots, starts, lengths, input_ids.device)
         x = self.embed(input_ids)  # (tokens, width)
         angles = self.rotary.angles(index.positions, x.dtype)
         for layer, block in enumerate(self.blocks):
             # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim)
             q, k, v = block.project(x, self.rotary, angles)
             cache.write(layer, index.token_slots, index.positions, k, v)
-            keys, values = cache.read(layer, index.slots, index.key_length)
-            # keys, values: (batch, kv_heads, key_length, head_dim), in the model's dtype
-            keys, values = keys.to(q.dtype), values.to(q.dtype)
-            att = grouped_attention(index.pad(q), keys, values, index.bias)
-            x = block.mlp(x + block.attn_out(index.unpad(att).flatten(-2)))  # (tokens, width)
+            att = _tiled_attention(cache, layer, index, q)
+            x = block.mlp(x + block.attn_out(att.flatten(-2)))  # (tokens, width)
         cache.advance(seq_ids, lengths)
         if at is not None:
             x = x[at]
         return x if hidden else self.logits(x)
 
 
-class _RaggedIndex:
-    """Host-built index tensors mapping a packed ragged batch to padded attention tiles.
+def _tiled_attention(cache: KVCache, layer: int, index: RaggedIndex, q: Tensor) -> Tensor:
+    """Attention of the packed queries q [tokens, heads, head_dim] over the cache, tile by
+    tile (`avspec.runtime.ragged`) -> [tokens, heads, head_dim]."""
 
-    When every sequence brings the same number of tokens (decoding, or verifying one draft
-    length) the packed tokens already are the tile, row after row: `pad` and `unpad` reshape
-    instead of scattering into zeros and gathering back.
-    """
+    def attend(tile: AttentionTile, queries: Tensor) -> Tensor:
+        keys, values = cache.read(layer, tile.slots, tile.key_length)
+        # keys, values: (rows, kv_heads, key_length, head_dim), in the model's dtype
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
+        return tile.unpad(grouped_attention(tile.pad(queries), keys, values, tile.bias))
 
-    def __init__(
-        self, slots: list[int], starts: list[int], lengths: list[int], device: torch.device
-    ) -> None:
-        self.batch = len(lengths)
-        self.uniform = min(lengths) == max(lengths)
-        rows = [b for b, n in enumerate(lengths) for _ in range(n)]
-        cols = [j for n in lengths for j in range(n)]
-        positions = [starts[b] + j for b, j in zip(rows, cols, strict=True)]
-        self.query_length = max(lengths)
-        self.key_length = max(s + n for s, n in zip(starts, lengths, strict=True))
-
-        def as_tensor(values: list[int]) -> Tensor:
-            return torch.tensor(values, dtype=torch.int64, device=device)
-
-        self.token_rows = as_tensor(rows)  # (tokens,)
-        self.token_cols = as_tensor(cols)  # (tokens,)
-        self.positions = as_tensor(positions)  # (tokens,)
-        self.slots = as_tensor(slots)  # (batch,)
-        self.token_slots = self.slots[self.token_rows]  # (tokens,)
-        # A query at column j of sequence b sees keys 0..starts[b] + j; padded columns see
-        # the same prefix plus stale keys (finite, never NaN) and are dropped afterwards.
-        query_pos = as_tensor(starts)[:, None] + torch.arange(self.query_length, device=device)
-        key_pos = torch.arange(self.key_length, device=device)
-        # (batch, 1, 1, query_length, key_length): broadcast over heads
-        self.bias = mask_bias(key_pos[None, None, :] <= query_pos[:, :, None])
-
-    def pad(self, packed: Tensor) -> Tensor:
-        """[tokens, ...] -> [batch, query_length, ...], padding columns zero."""
-        if self.uniform:
-            return packed.view(self.batch, self.query_length, *packed.shape[1:])
-        tile = packed.new_zeros(self.batch, self.query_length, *packed.shape[1:])
-        tile[self.token_rows, self.token_cols] = packed
-        return tile
-
-    def unpad(self, tile: Tensor) -> Tensor:
-        """[batch, query_length, ...] -> [tokens, ...], the inverse of `pad`."""
-        if self.uniform:
-            return tile.reshape(-1, *tile.shape[2:])
-        return tile[self.token_rows, self.token_cols]
+    if len(index.tiles) == 1:
+        return attend(index.tiles[0], q)
+    out = torch.empty_like(q)
+    for tile in index.tiles:
+        out[tile.token_index] = attend(tile, q[tile.token_index])
+    return out
 
 
 def init_weights(model: Transformer, generator: torch.Generator) -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from avspec.runtime.kv_cache import CacheLimitError, KVCache
+from avspec.runtime.ragged import MAX_PADDING, AttentionTile, RaggedIndex, tile_groups
 from avspec.runtime.rope import RopeScaling
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
 
@@ -103,6 +104,50 @@ def test_ragged_verify_of_a_batch_equals_each_sequence_alone():
         for seq_id, chunk in zip(verify, ids.split(list(verify.values())), strict=True):
             pieces.append(model.forward_cached(alone.cache, [seq_id], chunk, [len(chunk)]))
     torch.testing.assert_close(together, torch.cat(pieces), atol=TOL, rtol=0)
+
+
+# A prefill of 20 tokens beside decoding rows: more than one attention tile (runtime/ragged.py)
+MIXED_STEP = {1: 1, 2: 1, 3: 20, 4: 1, 5: 2, 6: 1}
+
+
+def test_a_prefill_beside_decoding_rows_runs_in_several_tiles_and_matches_recompute():
+    tracker = Tracker(make_model(3, LLAMA_LIKE), max_sequences=8)
+    tracker.step({1: 7, 2: 3, 4: 11, 5: 2, 6: 5})
+    lengths = list(MIXED_STEP.values())
+    index = RaggedIndex([0] * len(lengths), [0] * len(lengths), lengths, torch.device("cpu"))
+    assert len(index.tiles) >= 2
+    tracker.step(MIXED_STEP)  # checks each sequence against its full recomputation
+    tracker.step({3: 1, 1: 4, 6: 1})
+
+
+def test_a_tile_mapped_to_the_wrong_tokens_is_caught(monkeypatch):
+    """The broken variant: each tile's tokens gathered in reverse packed order."""
+    original = AttentionTile.__init__
+
+    def reversed_tokens(self, slots, starts, lengths, token_index, device):
+        original(self, slots, starts, lengths, token_index, device)
+        if self.token_index is not None:
+            self.token_index = self.token_index.flip(0)
+
+    tracker = Tracker(make_model(3, LLAMA_LIKE), max_sequences=8)
+    tracker.step({1: 7, 2: 3, 4: 11, 5: 2, 6: 5})
+    monkeypatch.setattr(AttentionTile, "__init__", reversed_tokens)
+    with pytest.raises(AssertionError):
+        tracker.step(MIXED_STEP)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_tile_groups_partition_the_rows_within_the_padding_bound(seed):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 4, (12,), generator=gen).tolist()
+    lengths[: seed % 3] = [40 + seed] * (seed % 3)  # up to two prefills
+    groups = tile_groups(lengths)
+    assert sorted(b for g in groups for b in g) == list(range(len(lengths)))
+    for group in groups:
+        width, real = max(lengths[b] for b in group), sum(lengths[b] for b in group)
+        assert len(group) == 1 or len(group) * width <= MAX_PADDING * real
+    assert len(tile_groups([3] * 9)) == 1  # uniform: one tile (the reshape path)
+    assert len(tile_groups([1, 2, 1, 3])) == 1
 
 
 def test_forward_cached_errors_leave_the_cache_unchanged():
