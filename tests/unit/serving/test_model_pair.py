@@ -152,6 +152,27 @@ def test_launcher_serves_a_rewritten_copy(
     assert REPOSITORY.joinpath("target", "config.pbtxt").read_text().count(str(target)) == 0
 
 
+def test_launcher_sets_the_stage_dtypes_it_is_given(
+    pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    draft, target = pair
+    args = launcher.parse_args(["--model-repository", str(REPOSITORY), "--target-dtype", "w8a8"])
+    dtypes = launcher._stage_dtypes(args)
+    assert dtypes == {"target": "w8a8"}
+    copy = launcher.prepare_repository(REPOSITORY, draft, target, tmp_path / "a", dtypes)
+    assert "target stage dtype w8a8" in capsys.readouterr().out
+    params = read_config_parameters((copy / "target" / "config.pbtxt").read_text())
+    assert params["dtype"] == "w8a8" and params["model_dir"] == str(target.resolve())
+    draft_params = read_config_parameters((copy / "draft" / "config.pbtxt").read_text())
+    assert draft_params["dtype"] == "auto"  # not given: the repository's
+    # a dtype alone (no pair given) still rewrites a copy
+    alone = launcher.prepare_repository(REPOSITORY, None, None, tmp_path / "b", {"draft": "int4"})
+    assert read_config_parameters((alone / "draft" / "config.pbtxt").read_text())["dtype"] == "int4"
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["--model-repository", str(REPOSITORY), "--target-dtype", "int2"])
+    capsys.readouterr()
+
+
 def test_stage_dtype_by_device() -> None:
     assert StageParams(model_dir="x", dtype="bfloat16").dtype == "bfloat16"
     assert StageParams(model_dir="x", device="cuda", dtype="float16").dtype == "float16"
