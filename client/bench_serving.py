@@ -381,8 +381,9 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     for model, directory in (("target", args.target_dir), ("draft", args.draft_dir)):
         if directory is not None:
             overrides[model] = {"model_dir": directory.resolve()}
-    if getattr(args, "target_dtype", None):  # the target stage's `dtype` (e.g. int4)
-        overrides.setdefault("target", {})["dtype"] = args.target_dtype
+    for stage in ("target", "draft"):  # the stages' `dtype` (e.g. w8a8, int4)
+        if getattr(args, f"{stage}_dtype", None):
+            overrides.setdefault(stage, {})["dtype"] = getattr(args, f"{stage}_dtype")
     repo = copy_repository(args.model_repository, work / "model_repository", overrides)
     ports = [free_port() for _ in range(3)]
     server = ServerProcess(repo, *ports, log_path=work / "tritonserver.log")
@@ -402,6 +403,10 @@ def add_server_arguments(p: argparse.ArgumentParser, dtype_help: str = "") -> No
         "--target-dtype", default=None, choices=SERVING_DTYPES["cpu"],
         help="with --start-server: the target stage's dtype "
         + (dtype_help or "(default: the repository's)"),
+    )  # fmt: skip
+    p.add_argument(
+        "--draft-dtype", default=None, choices=SERVING_DTYPES["cpu"],
+        help="with --start-server: the draft stage's dtype (default: the repository's)",
     )  # fmt: skip
 
 

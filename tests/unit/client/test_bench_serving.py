@@ -35,6 +35,9 @@ def test_parse_args_errors(tmp_path: Path):
     )
     with pytest.raises(SystemExit):
         bench.parse_args(["--out", str(tmp_path), "--target-dtype", "int3"])
+    assert args.draft_dtype is None
+    draft = bench.parse_args(["--out", str(tmp_path), "--draft-dtype", "w8a8"])
+    assert draft.draft_dtype == "w8a8" and draft.target_dtype is None
 
 
 def point(c, arm, x, y):
