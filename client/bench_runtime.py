@@ -303,7 +303,7 @@ def accuracy_table(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--model", type=Path, default=ROOT / "build" / "target-smollm2")
+    parser.add_argument("--model", type=Path, default=ROOT / "models" / "target")
     parser.add_argument("--variant", action="append", help="LABEL=SOURCE:PRECISION[+OPTION]")
     parser.add_argument("--reference", help="label of the ratio's reference (default: first)")
     parser.add_argument("--shapes", default=",".join(f"{r}x{t}" for r, t in SHAPES))
