@@ -1,24 +1,47 @@
-import sys, time, torch, json
-from avspec.runtime.precision import load_served_model
+"""Uniform steps (one tile before and after), 7 samples after a warm-up: (fastest, median) ms.
+
+PYTHONPATH=<tree>/backend .venv/bin/python bench/attention_tiles/shapes_uniform.py
+"""
+
+import json
+import statistics
+import time
+
+import torch
+
 import avspec
+from avspec.runtime.precision import load_served_model
+
 torch.set_num_threads(1)
-m = load_served_model("/work/main/models/target", "cpu", "bfloat16", max_length=512)
-g = torch.Generator().manual_seed(0)
-def run(rows, reps=7):
-    n = len(rows); times = []
-    cache = m.new_cache(n, 512)
-    for i, (L, ctx) in enumerate(rows):
-        cache.allocate(i)
+MODEL = load_served_model("models/target", "cpu", "bfloat16", max_length=512)
+GEN = torch.Generator().manual_seed(0)
+
+
+def samples_ms(rows: list[tuple[int, int]], repeats: int = 7) -> tuple[float, float]:
+    cache = MODEL.new_cache(len(rows), 512)
+    for slot, (_, context) in enumerate(rows):
+        cache.allocate(slot)
         with torch.inference_mode():
-            m.forward_cached(cache, [i], torch.randint(0, 40000, (ctx,), generator=g), [ctx])
-    for _ in range(reps):
-        ids = torch.randint(0, 40000, (sum(L for L, _ in rows),), generator=g)
+            ids = torch.randint(0, 40000, (context,), generator=GEN)
+            MODEL.forward_cached(cache, [slot], ids, [context])
+    lengths = [n for n, _ in rows]
+    times = []
+    for _ in range(repeats):
+        ids = torch.randint(0, 40000, (sum(lengths),), generator=GEN)
         with torch.inference_mode():
-            t = time.perf_counter()
-            m.forward_cached(cache, list(range(n)), ids, [L for L, _ in rows])
-            times.append(time.perf_counter() - t)
-        for i, (L, ctx) in enumerate(rows): cache.rollback(i, ctx)
-    return round(min(times) * 1e3, 1), round(sorted(times)[len(times)//2] * 1e3, 1)
-run([(1, 150)] * 16, reps=3)  # warm-up
-out = {"16 decode ctx 150": run([(1, 150)] * 16), "1 decode": run([(1, 150)]), "16 verify 3": run([(3,150)]*16)}
-print(avspec.__file__.split("/")[2], json.dumps(out), flush=True)
+            start = time.perf_counter()
+            MODEL.forward_cached(cache, list(range(len(rows))), ids, lengths)
+            times.append(time.perf_counter() - start)
+        for slot, (_, context) in enumerate(rows):
+            cache.rollback(slot, context)
+    return round(min(times) * 1e3, 1), round(statistics.median(times) * 1e3, 1)
+
+
+samples_ms([(1, 150)] * 16, repeats=3)  # warm-up
+shapes = {
+    "16 decode ctx 150": [(1, 150)] * 16,
+    "1 decode": [(1, 150)],
+    "16 verify 3": [(3, 150)] * 16,
+}
+tree = avspec.__file__.split("/")[2]
+print(tree, json.dumps({name: samples_ms(rows) for name, rows in shapes.items()}), flush=True)

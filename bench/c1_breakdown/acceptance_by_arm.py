@@ -1,26 +1,60 @@
-import json, sys, time, torch
+"""Accepted / verified drafts by arm at concurrency 1, in-process (bf16, the full-vocabulary
+draft, a fresh estimator); argument: how many chat prompts (each run twice, 40 tokens).
+
+    .venv/bin/python bench/c1_breakdown/acceptance_by_arm.py 6
+"""
+
+import json
+import sys
+import time
 from pathlib import Path
+
+import torch
+
 from avspec.av.cost_file import load_step_cost
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
 from avspec.runtime.model_dir import load_tokenizer
+
 torch.set_num_threads(1)
-ROOT = Path("/work/main")
-prompts = [json.loads(l)["prompt"] for l in (ROOT / "workloads/chat.jsonl").read_text().splitlines()[:int(sys.argv[1])]]
-step = SpeculativeStep.from_model_dirs(ROOT / "models/target", ROOT / "models/draft", 8, 4, 1024, "cpu",
-                                       cost=load_step_cost(ROOT / "models/cost_tables.json"), dtype=torch.bfloat16)
-tok = load_tokenizer(ROOT / "models/target")
-arms = {"k2": dict(num_draft_tokens=2, adaptive=False), "ad2": dict(num_draft_tokens=2, adaptive=True, adaptive_drafting=True),
-        "av2": dict(num_draft_tokens=2, adaptive=True, adaptive_drafting=False), "ad8": dict(num_draft_tokens=8, adaptive=True, adaptive_drafting=True)}
-tot = {a: [0, 0, 0, 0, 0.0] for a in arms}
-for rnd in range(2):
-    for a, kw in arms.items():
-        for i, p in enumerate(prompts):
-            sched = Scheduler(step, tok.eos_ids, 1, 1024, 8)
-            reps = []
-            sched.submit(GenerationRequest(tok.encode(p), 40, temperature=0.7, top_p=0.95, random_seed=rnd * 100 + i, **kw), reps.append, print)
-            t = time.perf_counter(); sched.run_until_idle(); el = time.perf_counter() - t
-            tot[a][0] += sum(r.drafted for r in reps); tot[a][1] += sum(r.verified for r in reps)
-            tot[a][2] += sum(r.accepted for r in reps); tot[a][3] += sum(len(r.new_tokens) for r in reps); tot[a][4] += el
-    print(rnd, {a: dict(drafted=v[0], verified=v[1], accepted=v[2], acc_per_verified=round(v[2] / max(v[1], 1), 3), tokens=v[3], tok_s=round(v[3] / v[4], 1)) for a, v in tot.items()}, flush=True)
+ROOT = Path(__file__).resolve().parents[2]
+lines = (ROOT / "workloads" / "chat.jsonl").read_text().splitlines()[: int(sys.argv[1])]
+PROMPTS = [json.loads(line)["prompt"] for line in lines]
+STEP = SpeculativeStep.from_model_dirs(
+    ROOT / "models" / "target", ROOT / "models" / "draft", 8, 4, 1024, "cpu",
+    cost=load_step_cost(ROOT / "models" / "cost_tables.json"), dtype=torch.bfloat16,
+)  # fmt: skip
+TOKENIZER = load_tokenizer(ROOT / "models" / "target")
+ARMS = {
+    "k2": {"num_draft_tokens": 2, "adaptive": False},
+    "ad2": {"num_draft_tokens": 2, "adaptive": True, "adaptive_drafting": True},
+    "av2": {"num_draft_tokens": 2, "adaptive": True, "adaptive_drafting": False},
+    "ad8": {"num_draft_tokens": 8, "adaptive": True, "adaptive_drafting": True},
+}
+totals = {arm: {"drafted": 0, "verified": 0, "accepted": 0, "tokens": 0, "s": 0.0} for arm in ARMS}
+for round_ in range(2):
+    for arm, options in ARMS.items():
+        for i, prompt in enumerate(PROMPTS):
+            scheduler = Scheduler(STEP, TOKENIZER.eos_ids, 1, 1024, 8)
+            reports = []
+            request = GenerationRequest(
+                TOKENIZER.encode(prompt), 40, temperature=0.7, top_p=0.95,
+                random_seed=round_ * 100 + i, **options,
+            )  # fmt: skip
+            scheduler.submit(request, reports.append, print)
+            start = time.perf_counter()
+            scheduler.run_until_idle()
+            total = totals[arm]
+            total["s"] += time.perf_counter() - start
+            for key in ("drafted", "verified", "accepted"):
+                total[key] += sum(getattr(r, key) for r in reports)
+            total["tokens"] += sum(len(r.new_tokens) for r in reports)
+    for arm, t in totals.items():
+        rate = t["accepted"] / max(t["verified"], 1)
+        print(
+            f"round {round_} {arm}: drafted {t['drafted']}, verified {t['verified']}, accepted "
+            f"{t['accepted']}, accepted/verified {rate:.3f}, {t['tokens']} tokens, "
+            f"{t['tokens'] / t['s']:.1f} tok/s",
+            flush=True,
+        )
