@@ -145,17 +145,6 @@ def save_draft_vocab(path: Path | str, token_ids: Sequence[int], source: str, **
     Path(path).write_text(text + "\n", encoding="utf-8")
 
 
-class _Int8Rows(Int8Linear):
-    """Rows `index` of an int8 output layer: its int8 values and scales, the same kernels (not
-    quantized again: `Int8Linear.__init__` is skipped)."""
-
-    def __init__(self, layer: Int8Linear, index: Tensor) -> None:
-        bias = None if layer.bias is None else layer.bias[index]
-        super(Int8Linear, self).__init__(bias, layer.scales.dtype, layer.scratch)
-        self.register_buffer("qweight", layer.qweight[index].contiguous())
-        self.register_buffer("scales", layer.scales[index].contiguous())
-
-
 class ReducedHead:
     """The draft's output layer restricted to a map's token ids.
 
@@ -180,9 +169,7 @@ class ReducedHead:
         with torch.no_grad():
             if head is None:  # tied: the embedding's rows
                 self.rows = weight.detach()[self.index].contiguous()
-            elif isinstance(head, Int8Linear):
-                self.layer = _Int8Rows(head, self.index)
-            elif isinstance(head, W8A8Linear):
+            elif isinstance(head, Int8Linear | W8A8Linear):
                 self.layer = head.rows(self.index)
             elif isinstance(head, nn.Linear) and head.bias is None:
                 self.rows = head.weight.detach()[self.index].contiguous()

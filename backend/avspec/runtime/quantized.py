@@ -44,15 +44,6 @@ from avspec.runtime.weight_rounding import quantize_int4, quantize_int8
 if TYPE_CHECKING:
     from avspec.runtime.transformer import Transformer
 
-__all__ = [
-    "Int4Linear",
-    "Int8Linear",
-    "W8A8Linear",
-    "quantize_int4",
-    "quantize_int8",
-    "quantize_model",
-]
-
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what torch's int4 CPU kernel accepts
 INT4_ROW_MULTIPLE = 16  # the int4 packing needs output rows in multiples of this
 WEIGHT_KINDS = ("int8", "int4", "w8a8")
@@ -116,6 +107,16 @@ class Int8Linear(_WeightOnlyLinear):
         q, scales = quantize_int8(weight)
         self.register_buffer("qweight", q)
         self.register_buffer("scales", scales.to(dtype))
+
+    def rows(self, index: Tensor) -> Int8Linear:
+        """A layer of output rows `index` of this one: the same int8 values, scales and kernels
+        (a reduced draft vocabulary's head; not quantized again)."""
+        layer = Int8Linear.__new__(Int8Linear)
+        bias = None if self.bias is None else self.bias[index]
+        _WeightOnlyLinear.__init__(layer, bias, self.scales.dtype, self.scratch)
+        layer.register_buffer("qweight", self.qweight[index].contiguous())
+        layer.register_buffer("scales", self.scales[index].contiguous())
+        return layer
 
     def kernel(self, x: Tensor) -> Tensor:
         return torch._weight_int8pack_mm(x, self.qweight, self.scales)
@@ -219,11 +220,10 @@ def quantize_model(
         maxima = input_maxima(model, projections, calibration)
     scratch = DequantScratch()
 
-    def layer(linear: nn.Module, weight_kind: str, input_of: nn.Module) -> nn.Module:
+    def layer(linear: nn.Module, weight_kind: str, input_max: Tensor | None) -> nn.Module:
         if weight_kind == "int4":
             return Int4Linear(linear.weight, linear.bias, dtype, scratch, group_size)
         if weight_kind == "w8a8":
-            input_max = maxima.get(input_of)
             return W8A8Linear.calibrated(linear.weight, linear.bias, dtype, input_max)
         return Int8Linear(linear.weight, linear.bias, dtype, scratch)
 
@@ -231,10 +231,10 @@ def quantize_model(
         for block in model.blocks:
             for name in _PROJECTIONS:
                 linear = getattr(block, name)
-                setattr(block, name, layer(linear, kind, linear))
+                setattr(block, name, layer(linear, kind, maxima.get(linear)))
         head = model.lm_head if model.lm_head is not None else _TiedHead(model.embed.weight)
         head_kind = "w8a8" if kind == "w8a8" else "int8"
-        model.lm_head = layer(head, head_kind, model.final_norm)
+        model.lm_head = layer(head, head_kind, maxima.get(model.final_norm))
 
 
 class _TiedHead:

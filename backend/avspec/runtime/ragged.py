@@ -14,6 +14,7 @@ instead of scattering into zeros and gathering back.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -93,8 +94,8 @@ class AttentionTile:
 
 
 class RaggedIndex:
-    """Host-built index tensors of a packed ragged batch: each token's row, position and cache
-    slot, and the `tiles` attention runs on (`tile_groups`)."""
+    """Host-built index tensors of a packed ragged batch: each token's position and cache slot,
+    and the `tiles` attention runs on (`tile_groups`)."""
 
     def __init__(
         self,
@@ -104,18 +105,16 @@ class RaggedIndex:
         device: torch.device,
         max_padding: float = MAX_PADDING,
     ) -> None:
-        rows = [b for b, n in enumerate(lengths) for _ in range(n)]
         positions = [starts[b] + j for b, n in enumerate(lengths) for j in range(n)]
         self.positions = torch.tensor(positions, dtype=torch.int64, device=device)  # (tokens,)
+        counts = torch.tensor(list(lengths), dtype=torch.int64, device=device)
         slot_of = torch.tensor(list(slots), dtype=torch.int64, device=device)
-        self.token_slots = slot_of[torch.tensor(rows, dtype=torch.int64, device=device)]
+        self.token_slots = slot_of.repeat_interleave(counts)  # (tokens,)
         groups = tile_groups(lengths, max_padding)
         if len(groups) == 1:
             self.tiles = [AttentionTile(list(slots), list(starts), list(lengths), None, device)]
             return
-        offsets = [0]
-        for n in lengths:
-            offsets.append(offsets[-1] + n)
+        offsets = [0, *itertools.accumulate(lengths)]
         self.tiles = []
         for group in groups:
             group = sorted(group)  # packed order within the tile
