@@ -118,13 +118,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         help="the target's model: a directory or a .gguf file (see --draft-model)",
     )
+    # any device's dtypes: the stage checks the one it is given against its own device
+    dtypes = sorted({name for names in SERVING_DTYPES.values() for name in names})
     for stage in ("target", "draft"):
         parser.add_argument(
             f"--{stage}-dtype",
-            choices=SERVING_DTYPES["cpu"],
+            choices=dtypes,
             help=f"the {stage} stage's serving precision (its `dtype` parameter; default: the "
-            "repository's, auto): float32, bfloat16, auto, weight-only int8 / int4, or w8a8 "
-            "(int8 weights and activations; avspec.runtime.precision)",
+            "repository's, auto): float32, bfloat16, auto; on the CPU weight-only int8 / int4 "
+            "or w8a8 (int8 weights and activations), on a GPU float16 "
+            "(avspec.runtime.precision)",
         )
     parser.add_argument(
         "--gguf-cache",

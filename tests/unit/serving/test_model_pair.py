@@ -168,6 +168,8 @@ def test_launcher_sets_the_stage_dtypes_it_is_given(
     # a dtype alone (no pair given) still rewrites a copy
     alone = launcher.prepare_repository(REPOSITORY, None, None, tmp_path / "b", {"draft": "int4"})
     assert read_config_parameters((alone / "draft" / "config.pbtxt").read_text())["dtype"] == "int4"
+    gpu = launcher.parse_args(["--model-repository", str(REPOSITORY), "--target-dtype", "float16"])
+    assert launcher._stage_dtypes(gpu) == {"target": "float16"}  # the GPU container's launcher
     with pytest.raises(SystemExit):
         launcher.parse_args(["--model-repository", str(REPOSITORY), "--target-dtype", "int2"])
     capsys.readouterr()
