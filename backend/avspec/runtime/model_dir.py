@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from avspec.runtime.hf_checkpoint import load_hf_model
-from avspec.runtime.hf_files import CONFIG_FILE
+from avspec.runtime.hf_files import CONFIG_FILE, SHARED_EMBEDDING_FILE, WEIGHTS_FILE
 from avspec.runtime.hf_tokenizer import TOKENIZER_FILE, HFTokenizer
 from avspec.runtime.transformer import Transformer
 
@@ -81,6 +81,12 @@ def check_model_dir(path: Path | str) -> None:
             f"{path}: missing {CONFIG_FILE}; a model directory must be a Hugging Face checkpoint"
         )
     if is_hf_dir(path):
+        if (path / SHARED_EMBEDDING_FILE).is_file() and not (path / WEIGHTS_FILE).is_file():
+            raise ModelDirError(
+                f"{path}: a draft stored without the embedding it shares with its target "
+                f"({SHARED_EMBEDDING_FILE}); assemble it first: make models, or python -m "
+                f"avspec.tools.draft_embedding --draft {path} --target <its target>"
+            )
         return
     try:
         data = json.loads(config_path.read_text())

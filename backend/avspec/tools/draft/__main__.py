@@ -3,7 +3,10 @@
     python -m avspec.tools.draft --target models/target --work build/draft-smollm2 \\
         --out models/draft
 
-Phases (`--only` runs one): `data` (held-out then train prompts answered by the target, chunk
+Phases (`--only` runs one; without it all four run, training beside the data: `data` goes on in
+a second process while `train` starts on the first chunk and re-lists the chunks every pass,
+which is how the committed draft was made and keeps `make draft` inside two hours on two cores):
+`data` (held-out then train prompts answered by the target, chunk
 files under `<work>/heldout` and `<work>/train`; then, with `--self-prompts N`, N user messages
 the target writes itself (`avspec.tools.draft.self_prompts`, kept in `<work>/self_prompts.json`)
 answered into `<work>/train/chunk_self_*.pt`, apart from the corpus chunks; resumable), `train`
@@ -23,12 +26,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from avspec.engine.draft_vocab import DRAFT_VOCAB_FILE, DraftVocab, load_draft_vocab
 from avspec.tools.draft.generate import generate_chunks
 from avspec.tools.draft.prompts import build_prompts
 from avspec.tools.training.corpus import corpus_files, split_files
@@ -53,6 +59,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=64, help="target rows decoding together")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--minutes", type=float, default=60.0, help="training wall time")
+    parser.add_argument(
+        "--target-layers", default="0,1,2",
+        help="a new draft: these target blocks over the target's frozen embedding (comma list)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--draft-vocab", type=Path,
+        help="train q over this map's kept ids, as served (default <out>/draft_vocab.json if any)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", choices=PHASES)
@@ -88,15 +102,49 @@ def make_self_data(
     )  # fmt: skip
 
 
+def _data_process(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    make_data(args)
+
+
+def _wait_for_chunk(train_dir: Path, data: multiprocessing.process.BaseProcess) -> None:
+    """Block until a train chunk exists (training needs one) or the data process ended."""
+    while not any(train_dir.glob("chunk_*.pt")):
+        if not data.is_alive():
+            raise SystemExit(f"the data phase ended without a chunk in {train_dir}")
+        time.sleep(10)
+
+
+def training_vocab(path: Path | None, out: Path, target: Path) -> DraftVocab | None:
+    """The map the draft trains over: `path`, else `<out>/draft_vocab.json` when it exists."""
+    path = path if path is not None else out / DRAFT_VOCAB_FILE
+    if not path.is_file():
+        return None
+    return load_draft_vocab(path, json.loads((target / "config.json").read_text())["vocab_size"])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.only in (None, "data"):
+    data = None
+    if args.only == "data":
         make_data(args)
+    elif args.only is None:
+        data = multiprocessing.get_context("spawn").Process(target=_data_process, args=(args,))
+        data.start()
+        _wait_for_chunk(args.work / "train", data)
     if args.only in (None, "train"):
         from avspec.tools.draft.train import train_draft
 
-        train_draft(args.target, args.work, args.minutes, args.seed)
+        shape = {"target_layers": [int(i) for i in args.target_layers.split(",")]}
+        train_draft(
+            args.target, args.work, args.minutes, args.seed, shape=shape,
+            vocab=training_vocab(args.draft_vocab, args.out, args.target),
+        )  # fmt: skip
+    if data is not None:
+        data.join()
+        if data.exitcode != 0:
+            raise SystemExit(f"the data phase failed (exit code {data.exitcode})")
     if args.only in (None, "report"):
         from avspec.tools.draft.report import write_report
 

@@ -15,6 +15,10 @@ outcomes, in expectation over the outcomes, without sampling noise.
 warped nucleus almost always lies inside): cheap, for the training log. `exact_acceptance`
 runs the target itself.
 
+A draft served with a reduced vocabulary (`avspec.engine.draft_vocab`) proposes only its kept
+ids: `served_draft` wraps it so every measure here sees that q (logits -inf outside the map,
+which is what the draft stage's softmax over the kept ids computes).
+
 Deeper positions: `draft_chains` cuts each held-out sequence inside its answer, lets the draft
 draft autoregressively from there and keeps, per context and position, the acceptance, q_max,
 the served estimator's feature and the drafted token's acceptance probability
@@ -27,8 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from avspec.av.features import logit_qmax
+from avspec.engine.draft_vocab import DraftVocab
 from avspec.runtime.transformer import Transformer
 from avspec.tools.training.evaluate import warp
 
@@ -57,6 +63,25 @@ def load_chunks(directory: Path | str) -> list[dict]:
                 }
             )
     return sequences
+
+
+class ServedDraft(nn.Module):
+    """A draft whose logits are -inf outside the kept ids of its draft vocabulary."""
+
+    def __init__(self, draft: Transformer, vocab: DraftVocab) -> None:
+        super().__init__()
+        self.draft = draft
+        outside = torch.ones(draft.config.vocab_size, dtype=torch.bool)
+        outside[list(vocab.token_ids)] = False
+        self.register_buffer("outside", outside)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.draft(input_ids).masked_fill(self.outside, float("-inf"))
+
+
+def served_draft(draft: Transformer, vocab: DraftVocab | None) -> nn.Module:
+    """`draft` as served: itself without a map, else `ServedDraft`."""
+    return draft if vocab is None else ServedDraft(draft, vocab)
 
 
 def soft_auc(score: torch.Tensor, accept: torch.Tensor) -> float:

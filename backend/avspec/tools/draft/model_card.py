@@ -45,6 +45,7 @@ import torch
 
 from avspec.av.calibration import auc, ece
 from avspec.av.cost_file import load_step_cost
+from avspec.engine.draft_vocab import DRAFT_VOCAB_AUTO, resolve_draft_vocab
 from avspec.runtime.gguf.pins import SMOLLM2_135M_INSTRUCT
 from avspec.runtime.model_dir import load_model, load_tokenizer
 from avspec.runtime.transformer import Transformer
@@ -54,6 +55,7 @@ from avspec.tools.draft.evaluate import (
     DraftChains,
     draft_chains,
     logit,
+    served_draft,
     soft_auc,
 )
 from avspec.tools.draft.generate import MAX_PROMPT_TOKENS, answer_all, chat_renderer, render
@@ -359,12 +361,13 @@ def measure_card(
     max_length = MAX_PROMPT_TOKENS + max(ANSWER_TOKENS, SAMPLE_TOKENS) + DEPTH
     target = load_model(target_dir, dtype=DTYPE, max_length=max_length)
     draft = load_model(draft_dir, dtype=DTYPE, max_length=max_length)
+    vocab = resolve_draft_vocab(draft_dir, DRAFT_VOCAB_AUTO, draft.config.vocab_size)
     renderer = chat_renderer(target_dir)
     tokenizer = load_tokenizer(target_dir)
     _, held_out = split_files(corpus_files())
     prompts = build_prompts(held_out, contexts, seed)
     sequences = chat_sequences(target, renderer, tokenizer.eos_ids, prompts, seed)
-    chains = draft_chains(draft, target, sequences, DEPTH, 1, seed)
+    chains = draft_chains(served_draft(draft, vocab), target, sequences, DEPTH, 1, seed)
     same_tokenizer = (target_dir / "tokenizer.json").read_bytes() == (
         draft_dir / "tokenizer.json"
     ).read_bytes()
@@ -376,6 +379,7 @@ def measure_card(
         "draft": describe_model(draft_dir, draft),
         "same_tokenizer": same_tokenizer,
         "contexts": contexts,
+        "draft_vocab": None if vocab is None else len(vocab.token_ids),
         "seed": seed,
         "kinds": sorted({p.kind for p in prompts}),
         "mean_prompt_tokens": float(np.mean([s["prompt_length"] for s in sequences])),
@@ -574,6 +578,14 @@ def _acceptance_section(card: dict[str, Any]) -> list[str]:
         "of sum_v min(p(v), q(v)), the chance speculative sampling accepts that position's draft",
         "given the drafts before it (`avspec.tools.draft.evaluate.draft_chains`); s.e. is its",
         "standard error over contexts, sd / sqrt(n) (the binomial sqrt(a(1-a)/n) for 0/1 values).",
+        *(
+            []
+            if card.get("draft_vocab") is None
+            else [
+                f"q is the draft's as served: over the {card['draft_vocab']:,} kept ids of its "
+                "draft vocabulary (`draft_vocab.json`), 0 elsewhere."
+            ]
+        ),
         "",
         ACCEPTANCE_HEADER,
         "|---|---|---|---|",

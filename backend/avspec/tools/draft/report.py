@@ -3,8 +3,12 @@
 The draft is read from the training checkpoint, measured against the target run live on the
 held-out chunks (`evaluate.exact_acceptance`: the target in bf16, as served), and saved with
 `avspec.runtime.hf_checkpoint.save_hf_model` in bf16 with the target's tokenizer files (so the
-pair check sees one tokenizer). The report (`<work>/report.json`) holds the figures, the
-training log's last line and the draft's size.
+pair check sees one tokenizer). A draft trained with a reduced vocabulary is measured as served
+(`evaluate.served_draft`). A target-layers draft (its embedding the target's, frozen) is also
+split (`avspec.tools.draft_embedding.split`): `draft_layers.safetensors` and
+`shared_embedding.json` are what is committed, `model.safetensors` is assembled from them and the
+target. The report (`<work>/report.json`) holds the figures, the training log's last line and
+the size of the weights that ship.
 """
 
 from __future__ import annotations
@@ -14,23 +18,35 @@ from pathlib import Path
 
 import torch
 
+from avspec.engine.draft_vocab import DraftVocab
 from avspec.runtime.hf_checkpoint import save_hf_model
 from avspec.runtime.model_dir import load_model
 from avspec.runtime.transformer import Transformer
-from avspec.tools.draft.evaluate import acceptance_by_depth, exact_acceptance, load_chunks
-from avspec.tools.draft.model import draft_config
+from avspec.tools.draft.evaluate import (
+    acceptance_by_depth,
+    exact_acceptance,
+    load_chunks,
+    served_draft,
+)
+from avspec.tools.draft.model import skeleton
 from avspec.tools.draft.train import CHECKPOINT, LOG
+from avspec.tools.draft_embedding import split
 
 MAX_DRAFT_BYTES = 40 * 1000 * 1000
 
 
-def load_checkpoint_draft(target: Transformer, work: Path) -> tuple[Transformer, dict]:
-    """(the draft in eval mode, the checkpoint's progress fields) from `<work>/checkpoint.pt`."""
+def load_checkpoint_draft(
+    target: Transformer, work: Path
+) -> tuple[Transformer, dict, DraftVocab | None]:
+    """(the draft in eval mode, the checkpoint's progress fields, the draft vocabulary it was
+    trained with or None) from `<work>/checkpoint.pt`."""
     state = torch.load(work / CHECKPOINT, weights_only=False)
-    draft = Transformer(draft_config(target.config, **state["shape"]))
+    draft = skeleton(target.config, state["shape"])
     draft.load_state_dict(state["model"])
     progress = {k: state[k] for k in ("step", "elapsed", "seen", "shape")}
-    return draft.eval(), progress
+    kept = state.get("kept_ids")
+    vocab = None if kept is None else DraftVocab.of(kept, target.config.vocab_size, "checkpoint")
+    return draft.eval(), progress, vocab
 
 
 def write_report(target_dir: Path | str, work: Path | str, out: Path | str | None) -> dict:
@@ -38,13 +54,15 @@ def write_report(target_dir: Path | str, work: Path | str, out: Path | str | Non
     bf16 `LlamaForCausalLM` directory; write and return the report."""
     work = Path(work)
     target = load_model(target_dir, dtype=torch.bfloat16, max_length=1024)
-    draft, progress = load_checkpoint_draft(target, work)
+    draft, progress, vocab = load_checkpoint_draft(target, work)
     heldout = load_chunks(work / "heldout")
+    served = served_draft(draft, vocab)
     report = {
         "training": progress,
         "parameters": draft.num_parameters(),
-        "heldout": exact_acceptance(draft, target, heldout),
-        "acceptance_by_depth": acceptance_by_depth(draft, target, heldout),
+        "draft_vocab": None if vocab is None else len(vocab.token_ids),
+        "heldout": exact_acceptance(served, target, heldout),
+        "acceptance_by_depth": acceptance_by_depth(served, target, heldout),
         "target_dtype": "bfloat16",
     }
     log = work / LOG
@@ -53,8 +71,12 @@ def write_report(target_dir: Path | str, work: Path | str, out: Path | str | Non
     if out is not None:
         out = Path(out)
         save_hf_model(draft, out, target_dir, dtype=torch.bfloat16)
-        size = (out / "model.safetensors").stat().st_size
-        report["saved"] = {"directory": str(out), "safetensors_bytes": size}
+        shipped = out / "model.safetensors"
+        if "target_layers" in progress["shape"]:
+            source = Path(target_dir) / "gguf_source.json"
+            shipped = split(out, json.loads(source.read_text()) if source.is_file() else None)
+        size = shipped.stat().st_size
+        report["saved"] = {"directory": str(out), "shipped": shipped.name, "bytes": size}
         if size > MAX_DRAFT_BYTES:
             raise ValueError(f"{out}: {size} bytes of weights, over the {MAX_DRAFT_BYTES} limit")
     (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -1,14 +1,19 @@
-"""`avspec.tools.draft.train` and `model`: the distillation loss, the answer positions it scores,
-the embedding taken from the target, and the prompts it trains on."""
+"""`avspec.tools.draft.train` and `model`: the distillation loss (over the whole vocabulary and
+over a reduced one), the answer positions it scores, the two draft shapes (a fresh one with the
+target's SVD embedding; the target's own layers over its frozen embedding), and the prompts it
+trains on."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
 import torch
 
-from avspec.runtime.transformer import Transformer, TransformerConfig
-from avspec.tools.draft.model import svd_embedding
+from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
+from avspec.tools.draft.model import new_draft, skeleton, svd_embedding, target_layers_draft
 from avspec.tools.draft.prompts import KINDS, build_prompts
-from avspec.tools.draft.train import answer_logits, top_kl
+from avspec.tools.draft.train import answer_logits, kept_slots, top_kl
 from avspec.tools.training.corpus import TOPICS_PREFIX
 
 CONFIG = TransformerConfig(
@@ -64,3 +69,114 @@ def test_prompts_cycle_kinds_and_are_reproducible():
     assert prompts == build_prompts(files, 12, seed=3)
     assert "Write a Python function `add`: Add two numbers" in prompts[1].message
     assert all(p.source in {"m.py", TOPICS_PREFIX + "while"} for p in prompts)
+
+
+TARGET = TransformerConfig(
+    num_layers=4, width=32, num_heads=2, num_kv_heads=1, vocab_size=40, max_length=64,
+    mlp="swiglu", norm_eps=1e-5,
+)  # fmt: skip
+
+
+def _target() -> Transformer:
+    model = Transformer(TARGET)
+    init_weights(model, torch.Generator().manual_seed(3))
+    return model.eval()
+
+
+def test_a_target_layers_draft_is_those_blocks_over_the_frozen_embedding():
+    target = _target()
+    draft = target_layers_draft(target, [0, 2])
+    assert draft.config.num_layers == 2 and draft.config.width == TARGET.width
+    assert torch.equal(draft.embed.weight, target.embed.weight)
+    assert not draft.embed.weight.requires_grad
+    for mine, theirs in zip(draft.blocks, [target.blocks[0], target.blocks[2]], strict=True):
+        for (name, a), (_, b) in zip(
+            mine.state_dict().items(), theirs.state_dict().items(), strict=True
+        ):
+            assert torch.equal(a, b), name
+    # all four layers in order: the target itself
+    ids = torch.tensor([[1, 5, 7, 2, 9]])
+    whole = target_layers_draft(target, range(4)).eval()
+    with torch.no_grad():
+        assert torch.allclose(whole(ids), target(ids), atol=1e-6)
+    assert skeleton(TARGET, {"target_layers": [0, 2]}).embed.weight.requires_grad is False
+
+
+def test_target_layers_out_of_range_are_refused():
+    with pytest.raises(ValueError, match="layers 0..3"):
+        target_layers_draft(_target(), [0, 4])
+    with pytest.raises(ValueError, match="layers"):
+        target_layers_draft(_target(), [])
+
+
+def test_the_fresh_shape_is_still_built():
+    config = dataclasses.replace(TARGET, width=256, num_heads=4, num_kv_heads=2, vocab_size=300)
+    wide = Transformer(config)
+    draft = new_draft(wide, {"width": 128, "layers": 1})
+    assert draft.config.width == 128 and draft.config.num_heads == 2
+    assert draft.embed.weight.requires_grad
+
+
+def test_kept_logits_are_the_dense_logits_of_the_kept_rows():
+    model = Transformer(CONFIG).eval()
+    seqs = [{"ids": torch.tensor([1, 2, 3, 4, 5]), "prompt_length": 3, "answer_length": 3}]
+    rows = torch.tensor([0, 3, 17, 39])
+    with torch.no_grad():
+        full, _ = answer_logits(model, seqs)
+        kept, _ = answer_logits(model, seqs, rows)
+    assert torch.allclose(kept, full[:, rows], atol=1e-5)
+
+
+def test_top_kl_over_a_reduced_vocabulary_drops_the_teacher_outside_it():
+    gen = torch.Generator().manual_seed(2)
+    teacher = torch.randn(5, 40, generator=gen) * 3
+    values, ids = teacher.topk(8, dim=-1)
+    kept = torch.arange(0, 40, 2)  # even ids only
+    slots = kept_slots(kept, 40)
+    assert slots[4] == 2 and slots[5] == -1
+    mapped = slots[ids]
+    # q over the kept ids equal to the teacher renormalised over its kept top ids: KL 0
+    exact = torch.full((5, len(kept)), -1e9)
+    for row, col in (mapped >= 0).nonzero().tolist():
+        exact[row, mapped[row, col]] = values[row, col]
+    assert top_kl(exact, mapped, values).abs() < 1e-5
+    # the same q scored with the dropped ids kept in (as if mapped to slot 0): not 0
+    assert top_kl(exact, mapped.clamp(min=0), values) > 1e-2
+    # a position whose teacher ids all fall outside is skipped, not NaN
+    mapped[0] = -1
+    assert torch.isfinite(top_kl(exact, mapped, values))
+
+
+class _Process:
+    def __init__(self, alive: bool) -> None:
+        self.alive = alive
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+def test_training_waits_for_a_chunk_and_not_for_a_dead_data_phase(tmp_path):
+    from avspec.tools.draft.__main__ import _wait_for_chunk
+
+    with pytest.raises(SystemExit, match="without a chunk"):
+        _wait_for_chunk(tmp_path, _Process(alive=False))
+    (tmp_path / "chunk_00000.pt").write_bytes(b"")
+    _wait_for_chunk(tmp_path, _Process(alive=False))  # a chunk is there: no wait, no error
+
+
+def test_a_resumed_run_refuses_another_draft_vocabulary(tmp_path, monkeypatch):
+    from avspec.engine.draft_vocab import DraftVocab
+    from avspec.tools.draft import train as train_module
+
+    target = _target()
+    monkeypatch.setattr(train_module, "load_model", lambda *a, **k: target)
+    state = {
+        "elapsed": 0.0, "step": 0, "seen": 0, "shape": {"target_layers": [0]},
+        "kept_ids": torch.tensor([0, 1, 2]),
+        "model": target_layers_draft(target, [0]).state_dict(),
+    }  # fmt: skip
+    torch.save(state, tmp_path / train_module.CHECKPOINT)
+    with pytest.raises(ValueError, match="another draft vocabulary"):
+        train_module.train_draft("unused", tmp_path, 1.0, vocab=DraftVocab.of([0, 1, 3], 40))
+    with pytest.raises(ValueError, match="another draft vocabulary"):
+        train_module.train_draft("unused", tmp_path, 1.0, vocab=None)
