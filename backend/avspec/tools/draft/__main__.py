@@ -35,13 +35,9 @@ from pathlib import Path
 import torch
 
 from avspec.engine.draft_vocab import DRAFT_VOCAB_FILE, DraftVocab, load_draft_vocab
-from avspec.tools.draft.generate import generate_chunks
-from avspec.tools.draft.prompts import build_prompts
-from avspec.tools.training.corpus import corpus_files, split_files
+from avspec.tools.draft.data import data_process, make_data
 
 PHASES = ("data", "train", "report", "card")
-SELF_PREFIX = "chunk_self_"  # `evaluate.load_chunks` reads chunk_*.pt
-SELF_SEED = 50_000  # the self prompts' answers draw apart from the corpus chunks' seeds
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -76,37 +72,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def make_data(args: argparse.Namespace) -> None:
-    """Answer the held-out prompts, then the train prompts (each resumable)."""
-    train, held_out = split_files(corpus_files())
-    settings = {"batch": args.batch, "max_new_tokens": args.max_new_tokens}
-    heldout = build_prompts(held_out, args.heldout_prompts, args.seed + 1)
-    generate_chunks(args.target, heldout, args.work / "heldout", seed=10_000, **settings)
-    prompts = build_prompts(train, args.train_prompts, args.seed)
-    generate_chunks(args.target, prompts, args.work / "train", seed=args.seed, **settings)
-    if args.self_prompts > 0:
-        make_self_data(args.target, args.work, args.self_prompts, args.seed, **settings)
-
-
-def make_self_data(
-    target: Path, work: Path, count: int, seed: int, batch: int, max_new_tokens: int
-) -> list[Path]:
-    """`count` self prompts (sampled once, cached in `<work>/self_prompts.json`) answered into
-    `<work>/train/chunk_self_*.pt` (resumable); returns the chunk files."""
-    from avspec.tools.draft.self_prompts import cached_self_prompts
-
-    prompts = cached_self_prompts(target, count, work / "self_prompts.json", seed, batch)
-    return generate_chunks(
-        target, prompts, work / "train", batch=batch, max_new_tokens=max_new_tokens,
-        seed=seed + SELF_SEED, prefix=SELF_PREFIX,
-    )  # fmt: skip
-
-
-def _data_process(args: argparse.Namespace) -> None:
-    torch.set_num_threads(args.threads)
-    make_data(args)
-
-
 def _wait_for_chunk(train_dir: Path, data: multiprocessing.process.BaseProcess) -> None:
     """Block until a train chunk exists (training needs one) or the data process ended."""
     while not any(train_dir.glob("chunk_*.pt")):
@@ -130,7 +95,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.only == "data":
         make_data(args)
     elif args.only is None:
-        data = multiprocessing.get_context("spawn").Process(target=_data_process, args=(args,))
+        # daemon: a failed training step ends the data phase with it
+        spawn = multiprocessing.get_context("spawn")
+        data = spawn.Process(target=data_process, args=(args,), daemon=True)
         data.start()
         _wait_for_chunk(args.work / "train", data)
     if args.only in (None, "train"):

@@ -24,7 +24,7 @@ from helpers.hf_dirs import EOS, byte_level_bpe
 
 import avspec.tools.draft.self_prompts as self_prompts
 from avspec.runtime.model_dir import load_model, load_tokenizer
-from avspec.tools.draft.__main__ import SELF_PREFIX, make_self_data
+from avspec.tools.draft.data import SELF_PREFIX, make_self_data
 from avspec.tools.draft.evaluate import load_chunks
 from avspec.tools.draft.generate import chat_renderer
 from avspec.tools.draft.self_prompts import (
