@@ -537,6 +537,15 @@ def _pair_section(card: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _shape(training: dict[str, Any]) -> str:
+    """", from the target's blocks 0, 1, 2 over its frozen embedding" for a target-layers
+    draft's training summary; "" otherwise."""
+    layers = training.get("shape", {}).get("target_layers")
+    if not layers:
+        return ""
+    return f", from the target's blocks {', '.join(map(str, layers))} over its frozen embedding"
+
+
 def _training_lines(report: dict[str, Any]) -> list[str]:
     """The draft's training summary, from what `avspec.tools.draft.report` writes."""
     tr, held = report.get("training", {}), report.get("heldout", {})
@@ -559,7 +568,7 @@ def _training_lines(report: dict[str, Any]) -> list[str]:
     text = "; ".join(parts) if parts else "no figures"
     return [
         "Draft training (`training_report.json`, `python -m avspec.tools.draft`: top-64 KL",
-        f"distillation on target-answered chat prompts of the train split): {text}.",
+        f"distillation on target-answered chat prompts of the train split{_shape(tr)}): {text}.",
     ]
 
 

@@ -79,5 +79,8 @@ def write_report(target_dir: Path | str, work: Path | str, out: Path | str | Non
         report["saved"] = {"directory": str(out), "shipped": shipped.name, "bytes": size}
         if size > MAX_DRAFT_BYTES:
             raise ValueError(f"{out}: {size} bytes of weights, over the {MAX_DRAFT_BYTES} limit")
-    (work / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    text = json.dumps(report, indent=2) + "\n"
+    (work / "report.json").write_text(text)
+    if out is not None:  # the card's training summary reads it beside the draft
+        (Path(out) / "training_report.json").write_text(text)
     return report

@@ -35,7 +35,12 @@ def test_data_and_training_overlap_and_the_saved_draft_assembles(tmp_path):
     report = json.loads((work / "report.json").read_text())
     assert report["training"]["shape"] == {"target_layers": [1, 0]}
     assert report["saved"]["shipped"] == LAYERS_FILE
-    assert (out / "MODEL_CARD.md").is_file() and (out / MANIFEST_FILE).is_file()
+    assert json.loads((out / "training_report.json").read_text()) == report
+    assert (
+        "from the target's blocks 1, 0 over its frozen embedding"
+        in (out / "MODEL_CARD.md").read_text()
+    )
+    assert (out / MANIFEST_FILE).is_file()
     ids = torch.tensor([[3, 5, 7, 9]])
     with torch.no_grad():
         saved = load_model(out)(ids)
