@@ -99,13 +99,19 @@ def top_kl(
 ) -> torch.Tensor:
     """Mean over positions of KL(p_top || q): p the teacher's top-k logits renormalised, q the
     draft's softmax (nats). Teacher entries with id -1 (outside a reduced vocabulary, see
-    `kept_slots`) are dropped before renormalising; a position with none left is skipped."""
+    `kept_slots`) are dropped before renormalising; a position with none left is dropped before
+    anything is computed on it (its p would be 0/0, and NaN reaches the gradient even through
+    a `where` that discards it)."""
     keep = top_ids >= 0
+    scored = keep.any(-1)
+    if not bool(scored.all()):
+        draft_logits, top_ids, top_logits, keep = (
+            t[scored] for t in (draft_logits, top_ids, top_logits, keep)
+        )
     log_p = F.log_softmax(top_logits.float().masked_fill(~keep, float("-inf")), dim=-1)
     log_q = F.log_softmax(draft_logits, dim=-1).gather(-1, top_ids.clamp(min=0).long())
-    terms = torch.where(keep, log_p.exp() * (log_p - log_q), 0.0)
-    scored = keep.any(-1)
-    return terms.sum(-1)[scored].mean()
+    # p = 0 at a dropped entry; its log p is set to 0 so that 0 * (log p - log q) stays 0
+    return (log_p.exp() * (log_p.masked_fill(~keep, 0.0) - log_q)).sum(-1).mean()
 
 
 def kept_slots(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:

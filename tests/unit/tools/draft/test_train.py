@@ -142,9 +142,21 @@ def test_top_kl_over_a_reduced_vocabulary_drops_the_teacher_outside_it():
     assert top_kl(exact, mapped, values).abs() < 1e-5
     # the same q scored with the dropped ids kept in (as if mapped to slot 0): not 0
     assert top_kl(exact, mapped.clamp(min=0), values) > 1e-2
-    # a position whose teacher ids all fall outside is skipped, not NaN
+    # a position whose teacher ids all fall outside is skipped: loss and gradient finite
     mapped[0] = -1
-    assert torch.isfinite(top_kl(exact, mapped, values))
+    logits = exact.clone().requires_grad_(True)
+    loss = top_kl(logits, mapped, values)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
+    assert logits.grad[0].abs().sum() == 0  # the skipped position gets no gradient
+    # the broken variant (the whole row kept to the end, discarded by a `where`): NaN gradient
+    keep = mapped >= 0
+    logits = exact.clone().requires_grad_(True)
+    log_p = torch.log_softmax(values.masked_fill(~keep, float("-inf")), dim=-1)
+    log_q = torch.log_softmax(logits, dim=-1).gather(-1, mapped.clamp(min=0))
+    broken = torch.where(keep, log_p.exp() * (log_p - log_q), 0.0).sum(-1)[keep.any(-1)].mean()
+    broken.backward()
+    assert torch.isnan(logits.grad).any()
 
 
 class _Process:
