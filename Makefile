@@ -49,7 +49,7 @@ TARGET_MODEL ?= models/target
 # The stages' serving precision (default: the repository's `auto`); e.g. TARGET_DTYPE=w8a8.
 TARGET_DTYPE ?=
 DRAFT_DTYPE ?=
-serve: $(STAMP) $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
+serve: $(STAMP) $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
 	$(PY) -m avspec.serving.launcher --model-repository model_repository \
 		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
@@ -64,8 +64,15 @@ serve: $(STAMP) $(if $(filter models/target,$(TARGET_MODEL)),models/target/confi
 models/target/config.json: | $(STAMP)
 	$(PY) -m avspec.tools.fetch_target --out models/target
 
-models: $(STAMP) ## fetch and convert the default target, SmolLM2-135M-Instruct (models/target)
+# The default draft shares the target's embedding (tied, frozen in training): git holds its layers
+# (models/draft/draft_layers.safetensors) and the embedding's hash, and this writes the full
+# Hugging Face checkpoint models/draft/model.safetensors from them and models/target.
+models/draft/model.safetensors: models/target/config.json models/draft/draft_layers.safetensors
+	$(PY) -m avspec.tools.draft_embedding --target models/target --draft models/draft
+
+models: $(STAMP) ## fetch and convert the default target, SmolLM2-135M-Instruct (models/target), assemble the draft
 	$(PY) -m avspec.tools.fetch_target --out models/target
+	$(PY) -m avspec.tools.draft_embedding --target models/target --draft models/draft
 
 # Retrain the tiny pair + its model card (models/tiny, the default before SmolLM2): BPE
 # tokenizer, Llama target, draft distilled from it (reproducible from seed, steps and 2 threads).
@@ -82,7 +89,7 @@ workloads: models/target/config.json ## rebuild the prompt sets in workloads/ (c
 # temperature 0.7, top-p 0.95. The tiny pair's runs used code/high_entropy at temperature 1.
 # Full sweep: $(PY) client/bench_serving.py --start-server --cost-tables $(BENCH_COSTS) --out bench/full
 BENCH_COSTS ?= models/cost_tables.json
-bench: $(STAMP) models/target/config.json ## reduced serving benchmark into bench/reduced-smollm2
+bench: $(STAMP) models/target/config.json models/draft/model.safetensors ## reduced serving benchmark into bench/reduced-smollm2
 	$(PY) client/bench_serving.py --start-server \
 		$(if $(wildcard $(BENCH_COSTS)),--cost-tables $(BENCH_COSTS)) \
 		--concurrency 1,4,16,64 --arms none,k2,k4,k8,av8,ad8 --workloads chat,code \
@@ -101,21 +108,22 @@ soak: $(STAMP) ## 64 clients for 10 minutes, memory and shared memory watched (b
 # isotonic fit. OVERHEAD_MS is the served path's per-step hops, measured on a running server by
 # client/profile_serving_costs.py. The server also refreshes the tables online (cost_refresh).
 OVERHEAD_MS ?= 5.3
-costs: models/target/config.json ## re-measure the cost tables (models/cost_tables.json, about 6 minutes)
+costs: models/target/config.json models/draft/model.safetensors ## re-measure the cost tables (models/cost_tables.json, about 6 minutes)
 	$(PY) client/profile_costs.py --threads 1 --context 128 --max-draft-tokens 8 \
 		--draft-rows 1,2,4,8,16,32,64 --verify-batch-sizes 1,4,16,64 --repeats 15 --warmup 2 \
 		--overhead-ms $(OVERHEAD_MS) --output models/cost_tables.json --plot bench/cost_tables.png
 
-# The draft for the default target, trained here (docs/smollm2.md): the target answers chat
-# prompts from the project's corpora and chat prompts it writes itself (top-64 logits kept), the
-# draft is distilled from them; resumable (build/draft-smollm2), one thread, at low priority;
-# writes models/draft. The committed draft: 5,120 corpus prompts, 1,024 self-written ones,
-# 172.5 minutes of step time (three resumed runs; docs/smollm2.md).
-DRAFT_MINUTES ?= 172.5
-draft: models/target/config.json ## train the draft for SmolLM2 (resumable; models/draft)
+# The draft for the default target, trained here (docs/smollm2.md): the target answers 5,120 chat
+# prompts from the project's corpora (top-64 logits kept; --self-prompts N adds N it writes
+# itself), the draft (three of the target's layers over its frozen embedding) is distilled from
+# them while the data is still being made; resumable (build/draft-smollm2), one thread per job,
+# at low priority; writes models/draft (draft_layers.safetensors is what git keeps), its card.
+DRAFT_MINUTES ?= 65
+draft: models/target/config.json ## train the draft for SmolLM2 (resumable, under 2 hours; models/draft)
 	nice -n 10 $(PY) -m avspec.tools.draft --target models/target --work build/draft-smollm2 \
-		--out models/draft --train-prompts 5120 --self-prompts 1024 --minutes $(DRAFT_MINUTES) \
-		--threads 1
+		--out models/draft --train-prompts 5120 --minutes $(DRAFT_MINUTES) \
+		--target-layers 0,1,2 --draft-vocab models/draft/draft_vocab.json --threads 1 \
+		--card models/MODEL_CARD.md --cost-tables models/cost_tables.json
 
 # The default draft's reduced vocabulary (models/draft/draft_vocab.json, served by the draft's
 # `draft_vocab: auto`): the 8,192 ids the target writes most in the draft's training answers, ties
@@ -128,7 +136,7 @@ draft-vocab: models/target/config.json ## rebuild the draft's reduced vocabulary
 # The default pair's model card (models/MODEL_CARD.md): acceptance by position, calibration and
 # the fitted estimator's ECE, the cost ratio from models/cost_tables.json, greedy samples;
 # 256 held-out chat contexts, one thread (about 5 minutes).
-card: models/target/config.json ## measure the default pair's model card (models/MODEL_CARD.md)
+card: models/target/config.json models/draft/model.safetensors ## measure the default pair's model card (models/MODEL_CARD.md)
 	$(PY) -m avspec.tools.draft --only card --target models/target --out models/draft \
 		--card models/MODEL_CARD.md --cost-tables models/cost_tables.json --card-contexts 256 \
 		--seed 0 --threads 1

@@ -47,6 +47,7 @@ from avspec.av.calibration import auc, ece
 from avspec.av.cost_file import load_step_cost
 from avspec.engine.draft_vocab import DRAFT_VOCAB_AUTO, resolve_draft_vocab
 from avspec.runtime.gguf.pins import SMOLLM2_135M_INSTRUCT
+from avspec.runtime.hf_files import SHARED_EMBEDDING_FILE
 from avspec.runtime.model_dir import load_model, load_tokenizer
 from avspec.runtime.transformer import Transformer
 from avspec.tools.draft.evaluate import (
@@ -60,6 +61,7 @@ from avspec.tools.draft.evaluate import (
 )
 from avspec.tools.draft.generate import MAX_PROMPT_TOKENS, answer_all, chat_renderer, render
 from avspec.tools.draft.prompts import ChatPrompt, build_prompts
+from avspec.tools.draft_embedding import LAYERS_FILE
 from avspec.tools.features_zoo import fit_logistic, label_matrix, predict_logistic
 from avspec.tools.training.corpus import corpus_files, split_files
 
@@ -333,8 +335,13 @@ def describe_model(directory: Path, model: Transformer) -> dict[str, Any]:
         "tied": c.tie_embeddings,
         "parameters": model.num_parameters(),
         "stored_dtype": config.get("torch_dtype", "?"),
-        "weights_bytes": sum(p.stat().st_size for p in directory.glob("*.safetensors")),
+        "weights_bytes": sum(
+            p.stat().st_size for p in directory.glob("*.safetensors") if p.name != LAYERS_FILE
+        ),
     }
+    if (directory / SHARED_EMBEDDING_FILE).is_file():  # stored without the target's embedding
+        info["shared_embedding"] = json.loads((directory / SHARED_EMBEDDING_FILE).read_text())
+        info["stored_bytes"] = (directory / LAYERS_FILE).stat().st_size
     source = directory / "gguf_source.json"
     if source.is_file():
         gguf = json.loads(source.read_text())
@@ -527,7 +534,15 @@ def _pair_section(card: dict[str, Any]) -> list[str]:
         "",
         f"Draft: {d['architecture']}, {d['layers']} layers of width {d['width']}, {tied} "
         f"embeddings; {d['parameters'] / 1e6:.2f} M parameters, of which the embedding holds "
-        f"{d['vocab'] * d['width'] / 1e6:.2f} M. Tokenizer: {tokenizer}.",
+        f"{d['vocab'] * d['width'] / 1e6:.2f} M. Tokenizer: {tokenizer}."
+        + (
+            ""
+            if "shared_embedding" not in d
+            else f" The embedding is the target's, bit for bit (sha256 "
+            f"`{d['shared_embedding']['sha256'][:16]}...`): the directory stores the rest in "
+            f"`{LAYERS_FILE}` ({d['stored_bytes'] / 1e6:.1f} MB) and `make models` joins the two "
+            "(`avspec.tools.draft_embedding`)."
+        ),
     ]
     report = d.get("training_report")
     if report:
@@ -538,7 +553,7 @@ def _pair_section(card: dict[str, Any]) -> list[str]:
 
 
 def _shape(training: dict[str, Any]) -> str:
-    """", from the target's blocks 0, 1, 2 over its frozen embedding" for a target-layers
+    """ ", from the target's blocks 0, 1, 2 over its frozen embedding" for a target-layers
     draft's training summary; "" otherwise."""
     layers = training.get("shape", {}).get("target_layers")
     if not layers:
