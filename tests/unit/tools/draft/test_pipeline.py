@@ -36,10 +36,9 @@ def test_data_and_training_overlap_and_the_saved_draft_assembles(tmp_path):
     assert report["training"]["shape"] == {"target_layers": [1, 0]}
     assert report["saved"]["shipped"] == LAYERS_FILE
     assert json.loads((out / "training_report.json").read_text()) == report
-    assert (
-        "from the target's blocks 1, 0 over its frozen embedding"
-        in (out / "MODEL_CARD.md").read_text()
-    )
+    card = (out / "MODEL_CARD.md").read_text()
+    assert "from the target's blocks 1, 0 over its frozen embedding" in card
+    assert "The embedding is the target's, bit for bit" in card
     assert (out / MANIFEST_FILE).is_file()
     ids = torch.tensor([[3, 5, 7, 9]])
     with torch.no_grad():
