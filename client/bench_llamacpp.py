@@ -33,6 +33,16 @@ printed). The llama.cpp venv, once (about 15 minutes):
     .venv/bin/python client/bench_llamacpp.py --start-server                # bench/llamacpp
     .venv/bin/python client/bench_llamacpp.py --url 127.0.0.1:8001 --prompts 2 --max-tokens 16 \
         --rounds 1 --arms none,ad8 --out /tmp/bench-llamacpp
+
+On a host where that build segfaults on the first evaluation (ggml's AMX matrix product on some
+Intel hosts with AMX, ggml-org/llama.cpp#20824), build it without AMX and pass its python:
+
+    python3.11 -m venv build/llamacpp-noamx && CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON \
+        -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON \
+        -DGGML_AVX512_BF16=ON -DGGML_AVX512_VBMI=ON -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF" \
+        build/llamacpp-noamx/bin/pip install llama-cpp-python==0.3.36
+    .venv/bin/python client/bench_llamacpp.py --start-server \
+        --llama-python build/llamacpp-noamx/bin/python --out bench/llamacpp-amx
 """
 
 from __future__ import annotations
