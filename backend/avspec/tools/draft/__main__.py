@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from avspec.engine.draft_vocab import DRAFT_VOCAB_FILE, DraftVocab, load_draft_vocab
+from avspec.runtime.hf_config import read_hf_config
 from avspec.tools.draft.data import data_process, make_data
 
 PHASES = ("data", "train", "report", "card")
@@ -85,7 +86,7 @@ def training_vocab(path: Path | None, out: Path, target: Path) -> DraftVocab | N
     path = path if path is not None else out / DRAFT_VOCAB_FILE
     if not path.is_file():
         return None
-    return load_draft_vocab(path, json.loads((target / "config.json").read_text())["vocab_size"])
+    return load_draft_vocab(path, read_hf_config(target).config.vocab_size)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from avspec.av.features import logit_qmax
-from avspec.engine.draft_vocab import DraftVocab
+from avspec.engine.draft_vocab import DraftVocab, scatter_kept
 from avspec.runtime.transformer import Transformer
 from avspec.tools.training.evaluate import warp
 
@@ -66,17 +66,17 @@ def load_chunks(directory: Path | str) -> list[dict]:
 
 
 class ServedDraft(nn.Module):
-    """A draft whose logits are -inf outside the kept ids of its draft vocabulary."""
+    """A draft whose logits are -inf outside the kept ids of its draft vocabulary (the kept
+    ids' logits widened as the draft stage widens them, `draft_vocab.scatter_kept`)."""
 
     def __init__(self, draft: Transformer, vocab: DraftVocab) -> None:
         super().__init__()
         self.draft = draft
-        outside = torch.ones(draft.config.vocab_size, dtype=torch.bool)
-        outside[list(vocab.token_ids)] = False
-        self.register_buffer("outside", outside)
+        self.register_buffer("index", torch.tensor(vocab.token_ids, dtype=torch.int64))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.draft(input_ids).masked_fill(self.outside, float("-inf"))
+        logits = self.draft(input_ids)
+        return scatter_kept(logits[..., self.index], self.index, logits.shape[-1])
 
 
 def served_draft(draft: Transformer, vocab: DraftVocab | None) -> nn.Module:
