@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The target stage before and after it warped only the verified positions, side by side.
+"""The target stage at two revisions, side by side (last: p warped depth by depth).
 
     .venv/bin/python client/bench_target_stage.py --baseline HEAD --threads 1
 
@@ -7,9 +7,12 @@
 sampling.py (`git show REV:backend/avspec/engine/...`) are imported from a temporary package, so the
 two stages run in one process on one model (`--target`, bf16 by default). Each gets the same
 sequences as the cost tables do (`avspec.tools.profiler`: `context` cached tokens of the workloads'
-text (`--text`), one pending token, the text's next tokens as drafts, uniform q) at every batch x
-num_verify point, and the points are timed round-robin (`interleaved_ms`: per round old, new, then
-the target's forward alone on the same packed batch), so load from elsewhere lands on all alike.
+text (`--text`), one pending token, the text's next tokens as drafts, q uniform or one-hot at
+each draft (`--q`: a draft is accepted with probability min(1, p(x) x vocab) or p(x); the table
+prints how many positions the new stage read; `--temperature`, default the tables' 1.0) at
+every batch x num_verify point, and the points are timed round-robin (`interleaved_ms`: per
+round old, new, then the target's blocks alone on the same packed batch), so load from
+elsewhere lands on all alike.
 Both stages start from the same seeds and are called equally often, so their generators stay in
 step: every call's output_ids and num_accepted are compared, and the run stops if they ever differ.
 Prints a markdown table of medians; it asserts nothing about speed (these machines are noisy:
@@ -33,11 +36,11 @@ from avspec.engine.target_stage import TargetStage, pack_verify_batch
 from avspec.runtime.model_dir import load_model
 from avspec.tools.profiler import (
     _cache,
-    _decode_inputs,
     _first_ids,
     _prefill,
     _sequences,
     interleaved_ms,
+    step_inputs,
     workload_text,
 )
 
@@ -67,12 +70,15 @@ def old_stage_class(revision: str, folder: Path) -> type:
 
 
 def forward_only(stage: TargetStage, inputs, drafts: torch.Tensor, verify: list[int]) -> None:
-    """The target's forward on the packed batch a stage call would run (its cache rolled back
-    first, as a call does)."""
+    """The target's blocks on the packed batch a stage call would run (its cache rolled back
+    first, as a call does), without the output layer: the rest of a call is the output layer,
+    the warp and the rejection."""
     step = read_step_inputs(inputs, stage.max_draft_tokens)
     offsets = stage.slots.prepare(step)
     packed = pack_verify_batch(inputs.input_ids, offsets, step.input_lengths, drafts, verify)
-    stage.model.forward_cached(stage.cache, step.seq_ids, packed.tokens, packed.lengths)
+    stage.model.forward_cached(
+        stage.cache, step.seq_ids, packed.tokens, packed.lengths, hidden=True, at=packed.positions
+    )
 
 
 def main() -> None:
@@ -87,6 +93,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--q", choices=["uniform", "one-hot"], default="uniform",
+                        help="the drafts' q: 1/vocab everywhere, or 1 at each draft")  # fmt: skip
+    parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument(
         "--text", choices=["workloads", "random"], default="workloads",
         help="the sequences' tokens (as client/profile_costs.py --text)",
@@ -109,11 +118,15 @@ def main() -> None:
             for name, cls in (("old", old_class), ("new", TargetStage))
         }
         outputs: dict[str, tuple] = {}
+        warped: dict[tuple[int, int], list[int]] = {}  # per point: the new stage's positions
 
         def call(name: str, inputs, drafts, probs, verify) -> None:
             out = stages[name](inputs, drafts, probs, verify)
             outputs[name] = (out.output_ids.clone(), out.num_accepted.clone())
             if name == "new":
+                warped.setdefault((len(verify), int(verify[0])), []).append(
+                    int(out.num_accepted.sum()) + len(verify)
+                )  # where it reads p on the CPU: the accepted drafts and the drawn token
                 old, new = outputs["old"], outputs["new"]
                 if not (torch.equal(old[0], new[0]) and torch.equal(old[1], new[1])):
                     raise SystemExit(f"outputs differ at batch {len(verify)}, verify {verify[0]}")
@@ -124,13 +137,16 @@ def main() -> None:
             tokens = _sequences(text, batch, args.context + 1 + k, first, gen)
             for stage in stages.values():
                 _prefill(stage, tokens[:, : args.context], k, first)
-            inputs = _decode_inputs(tokens[:, args.context : args.context + 1], args.context, k,
-                                    first)  # fmt: skip
+            inputs = step_inputs(tokens[:, args.context : args.context + 1], args.context, k,
+                                 first, temperature=args.temperature)  # fmt: skip
             if text is None:
                 drafts = torch.randint(0, vocab, (batch, k), generator=gen)
             else:
                 drafts = tokens[:, args.context + 1 :]
-            probs = torch.full((batch, k, vocab), 1.0 / vocab)
+            if args.q == "uniform":
+                probs = torch.full((batch, k, vocab), 1.0 / vocab)
+            else:
+                probs = torch.zeros(batch, k, vocab).scatter_(-1, drafts[..., None].long(), 1.0)
             for n in verifies:
                 verify = torch.full((batch,), n, dtype=torch.int32)
                 calls.append((
@@ -141,14 +157,16 @@ def main() -> None:
                 points.append((batch, n))
         timed = interleaved_ms(calls, args.repeats, args.warmup, "cpu")
 
-    print(f"threads {args.threads}, {args.dtype}, K {k}, context {args.context}, "
-          f"{args.repeats} rounds; ms, median")  # fmt: skip
-    print("| batch | num_verify | positions warped old / new | old | new | old / new | forward "
-          "| old - forward | new - forward |")  # fmt: skip
+    print(f"threads {args.threads}, {args.dtype}, K {k}, context {args.context}, q {args.q}, "
+          f"temperature {args.temperature}, {args.repeats} rounds; ms, median; positions: "
+          f"verified / where the new stage read p (mean a call)")  # fmt: skip
+    print("| batch | num_verify | positions verified / read | old | new | old / new | blocks "
+          "| old - blocks | new - blocks |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
     for (batch, n), samples in zip(points, timed, strict=True):
         old, new, fwd = (statistics.median(s) for s in samples)
-        print(f"| {batch} | {n} | {batch * (k + 1)} / {batch * (n + 1)} | {old:.1f} | {new:.1f} "
+        read = statistics.mean(warped[(batch, n)])
+        print(f"| {batch} | {n} | {batch * (n + 1)} / {read:.0f} | {old:.1f} | {new:.1f} "
               f"| {old / new:.2f} | {fwd:.1f} | {old - fwd:.1f} | {new - fwd:.1f} |")  # fmt: skip
 
 

@@ -30,7 +30,7 @@ only at positions 0..num_verify. `packed_rejection_sample` takes p at exactly th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -171,8 +171,94 @@ def packed_rejection_sample_from_noise(
     accepted = (uniforms * q_draft < p_draft) & verified
     num_accepted = accepted.long().cumprod(dim=-1).sum(dim=-1)  # [batch]
 
-    rows = torch.arange(batch, device=device)
     p_at = target_probs[first + num_accepted].float()  # [batch, vocab]
+    return _emit(tokens, draft_probs, p_at, num_accepted, verify, draw, check_values)
+
+
+def rejection_sample_by_depth(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    probs_at: Callable[[torch.Tensor], torch.Tensor],
+    first_position: torch.Tensor,
+    num_verify: torch.Tensor,
+    generators: Sequence[torch.Generator],
+    *,
+    check_values: bool = True,
+    stream_positions: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`packed_rejection_sample` asking for p only where the test gets to: depth by depth.
+
+    probs_at(positions [n] int64) -> p [n, vocab] at those packed positions (row r's position j
+    is first_position[r] + j, as in the packed form). Depth j asks for the rows whose drafts
+    0..j-1 were all accepted, so a row's p is computed at num_accepted + 1 positions (its
+    accepted drafts and the position its token is drawn at) instead of num_verify + 1: at an
+    acceptance rate a, about 1 / (1 - a) positions a row whatever it verifies. Same noise,
+    same tests, same outputs as the packed form given the same p (the test at depth j reads
+    only p_j(x_j), and the token is drawn from the one position where the scan stops). One
+    host sync a depth (which rows go on): the CPU's path; on CUDA the packed form's one pass
+    over every position costs less than the syncs.
+    """
+    _check_drafts(draft_tokens)
+    batch, num_pos = draft_tokens.shape
+    check_shape("first_position", first_position, (batch,))
+    check_shape("num_verify", num_verify, (batch,))
+    _check_integer("first_position", first_position)
+    _check_integer("num_verify", num_verify)
+    tokens, first, verify = draft_tokens.long(), first_position.long(), num_verify.long()
+    if check_values and batch > 0 and bool(((verify < 0) | (verify > num_pos)).any()):
+        raise ValueError(f"num_verify must lie in 0..{num_pos}")
+    stream = num_pos if stream_positions is None else stream_positions
+    if stream < num_pos:
+        raise ValueError(f"stream_positions {stream} < the {num_pos} draft positions")
+    uniforms, draw = _noise(generators, batch, stream, draft_tokens.device)
+    device = draft_tokens.device
+    num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
+    p_at: torch.Tensor | None = None  # [batch, vocab], filled row by row as each scan stops
+    live = torch.arange(batch, device=device)  # the rows whose scan reaches this depth
+    for depth in range(num_pos + 1):
+        if not len(live):
+            break
+        p = probs_at(first[live] + depth).float()  # [n, vocab]
+        if p_at is None:
+            _check_probs(tokens, draft_probs, p, num_verify, check_values)
+            p_at = p.new_empty(batch, p.shape[-1])
+        testing = verify[live] > depth
+        accepted = torch.zeros_like(testing)
+        if depth < num_pos and bool(testing.any()):
+            x = tokens[live, depth]
+            p_x = p.gather(-1, x[:, None])[:, 0]
+            q_x = draft_probs[live, depth].gather(-1, x[:, None])[:, 0].float()
+            if check_values:
+                _check_read("draft_probs", q_x[testing])
+                _check_read("target_probs", p_x[testing])
+            # u < p/q, written without the division; always true when p >= q since u < 1
+            accepted = testing & (uniforms[live, depth] * q_x < p_x)
+        stopped = ~accepted
+        p_at[live[stopped]] = p[stopped]
+        live = live[accepted]
+        num_accepted[live] = depth + 1
+    if p_at is None:  # an empty batch
+        empty = torch.zeros(0, dtype=torch.int32, device=device)
+        return empty.reshape(0, num_pos + 1), empty
+    return _emit(tokens, draft_probs, p_at, num_accepted, verify, draw, check_values)
+
+
+def _emit(
+    tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    p_at: torch.Tensor,
+    num_accepted: torch.Tensor,
+    verify: torch.Tensor,
+    draw: torch.Tensor,
+    check_values: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The accepted drafts then one token drawn at the position where each row's scan stopped
+    (p_at [batch, vocab] float32: p there): from norm(max(0, p - q)) after a rejection, from p
+    after all verified drafts were accepted -> (output_ids [batch, K + 1] int32, num_accepted
+    int32)."""
+    batch, num_pos = tokens.shape
+    device = p_at.device
+    rows = torch.arange(batch, device=device)
     q_at = draft_probs[rows, num_accepted.clamp(max=num_pos - 1)].float()  # [batch, vocab]
     if check_values:
         _check_read("draft_probs", q_at)

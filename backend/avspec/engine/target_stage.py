@@ -3,11 +3,14 @@
 One `forward_cached` call runs, per sequence, its pending inputs followed by its first
 `num_verify` drafts (a ragged batch). The target distribution at draft position j comes from the
 logits one token earlier: position 0 from the last pending input, position j from draft j - 1;
-position num_verify gives the bonus token. Only those num_verify + 1 positions per row are
-warped like the draft's (avspec.engine.sampling; rejection reads p nowhere else), packed row
-after row, p sliced to the stage's `vocab_width` (its `vocab_limit` when set, the width of the
-draft's q) and handed to avspec.engine.rejection's packed form: a step's sampling work grows with
-the positions it verifies, not with batch x (K + 1). Afterwards the target cache is
+position num_verify gives the bonus token. The forward keeps the last block's output at those
+num_verify + 1 positions per row (packed row after row); rejection asks for p where it reads it,
+and only there the output layer runs and the logits are warped like the draft's
+(avspec.engine.sampling), p sliced to the stage's `vocab_width` (its `vocab_limit` when set, the
+width of the draft's q). On the CPU that is depth by depth (avspec.engine.rejection's
+`rejection_sample_by_depth`): a row's accepted drafts and the position its token is drawn at,
+so a step's output-layer and sampling work grows with the tokens it accepts, not with those it
+verifies; elsewhere every verified position at once (the packed form). Afterwards the target cache is
 rolled back to `start + input_length + num_accepted`: the accepted drafts stay cached (their keys
 are exact), rejected drafts go, and the correction/bonus token is not cached (the next step brings
 it back as an input). `target_ms` is the stage's host wall time (the cost refresh reads it; the
@@ -18,14 +21,15 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from avspec.checks import check_shape
 from avspec.contract import HostStep, StepInputs, StepOutputs, read_step_inputs
-from avspec.engine.rejection import packed_rejection_sample
+from avspec.engine.rejection import packed_rejection_sample, rejection_sample_by_depth
 from avspec.engine.sampling import warp_probs
 from avspec.engine.stage import TARGET_SALT, ModelStage
 
@@ -79,31 +83,42 @@ class TargetStage(ModelStage):
         packed = pack_verify_batch(
             inputs.input_ids, offsets, step.input_lengths, draft_tokens, verify
         )
-        target_probs = self._target_probs(inputs, step, packed)
+        # the last block's output at the positions rejection may read; the output layer and the
+        # warp run on the positions it does read (`_probs_at`)
+        hidden = self.model.forward_cached(
+            self.cache, step.seq_ids, packed.tokens, packed.lengths, hidden=True,
+            at=packed.positions,
+        )  # fmt: skip
+        probs_at = partial(
+            self._probs_at,
+            hidden,
+            inputs.temperature.to(self.device, torch.float32)[packed.rows],
+            inputs.top_p.to(self.device, torch.float32)[packed.rows],
+        )
         output_ids, num_accepted = self._reject(
-            step, draft_tokens, draft_probs, target_probs, packed.first, num_verify
+            step, draft_tokens, draft_probs, probs_at, packed, num_verify
         )
         self._roll_back(step, num_accepted)  # reads num_accepted: the step's work is done
         target_ms = torch.tensor([(time.perf_counter() - started) * 1e3], dtype=torch.float32)
         return StepOutputs(output_ids, num_accepted, num_verify, target_ms=target_ms)
 
-    def _target_probs(
-        self, inputs: StepInputs, step: HostStep, packed: VerifyBatch
+    def _probs_at(
+        self,
+        hidden: torch.Tensor,
+        temperature: torch.Tensor,
+        top_p: torch.Tensor,
+        positions: torch.Tensor,
     ) -> torch.Tensor:
-        """Run the packed batch through the target; return the warped p [positions, width] at
-        `packed.positions` (row r's positions 0..num_verify[r] from row packed.first[r]).
+        """The warped p [n, vocab_width] at packed positions [n] (rows of `hidden`, whose
+        temperature and top_p are given position by position).
 
-        width = `vocab_width`: the padded rows past `vocab_limit` (p = 0 after masking) are dropped.
+        The padded rows past `vocab_limit` (p = 0 after masking) are dropped.
         """
-        # the output layer only at the positions rejection reads: a first step's prompt tokens
-        # (hundreds per row) need keys and values, not logits over the whole vocabulary
-        logits = self.model.forward_cached(
-            self.cache, step.seq_ids, packed.tokens, packed.lengths, at=packed.positions
-        )
+        logits = self.mask_vocab(self.model.logits(hidden[positions]))
         probs = warp_probs(
-            self.mask_vocab(logits)[:, None],  # [positions, 1, vocab]
-            inputs.temperature.to(self.device, torch.float32)[packed.rows],
-            inputs.top_p.to(self.device, torch.float32)[packed.rows],
+            logits[:, None],  # [n, 1, vocab]
+            temperature[positions],
+            top_p[positions],
             check_values=self.check_values,
         )
         return probs[:, 0, : self.vocab_width]
@@ -113,29 +128,32 @@ class TargetStage(ModelStage):
         step: HostStep,
         draft_tokens: torch.Tensor,
         draft_probs: torch.Tensor,
-        target_probs: torch.Tensor,
-        first: torch.Tensor,
+        probs_at: Callable[[torch.Tensor], torch.Tensor],
+        packed: VerifyBatch,
         num_verify: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rejection-sample every row with its own generator: (output_ids [batch, K + 1],
         num_accepted).
 
-        q stays in its dtype: rejection reads it at the drafts and one position per row only.
-        With q for P < K positions the test runs on those P (nothing past them is verified) and
-        draws K + 1 uniforms a row all the same, so a request's random stream never depends on
-        how far the other rows of its batch could draft; output_ids is padded back to K + 1.
+        On the CPU depth by depth (`rejection_sample_by_depth`: p at a row's accepted drafts
+        and the position its token is drawn at, not at every verified one); elsewhere from p
+        at every verified position in one pass. q stays in its dtype: rejection reads it at the
+        drafts and one position per row only. With q for P < K positions the test runs on those
+        P (nothing past them is verified) and draws K + 1 uniforms a row all the same, so a
+        request's random stream never depends on how far the other rows of its batch could
+        draft; output_ids is padded back to K + 1.
         """
         k, width = draft_tokens.shape[1], draft_probs.shape[1]
-        output_ids, num_accepted = packed_rejection_sample(
-            draft_tokens[:, :width],
-            draft_probs.to(self.device),
-            target_probs,
-            first,
-            num_verify,
-            self.slots.generators(step.seq_ids),
-            check_values=self.check_values,
-            stream_positions=k,
-        )
+        args = (draft_tokens[:, :width], draft_probs.to(self.device))
+        rest = (packed.first, num_verify, self.slots.generators(step.seq_ids))
+        options = {"check_values": self.check_values, "stream_positions": k}
+        if self.device.type == "cpu":
+            output_ids, num_accepted = rejection_sample_by_depth(*args, probs_at, *rest, **options)
+        else:
+            every = torch.arange(len(packed.positions), device=self.device)
+            output_ids, num_accepted = packed_rejection_sample(
+                *args, probs_at(every), *rest, **options
+            )
         if width < k:
             output_ids = torch.nn.functional.pad(output_ids, (0, k - width), value=-1)
         return output_ids, num_accepted

@@ -204,3 +204,63 @@ def test_packed_rejects_bad_first_position(first, match):
     with pytest.raises(ValueError, match=match):
         packed_rejection_sample(args["draft_tokens"], args["draft_probs"], packed, first,
                                 torch.tensor([2, 1]), args["generators"])  # fmt: skip
+
+
+def test_by_depth_equals_the_packed_form_and_asks_only_where_the_scan_goes():
+    """`rejection_sample_by_depth` over 60 random batches: the packed form's outputs and
+    generator states, p asked for at exactly num_accepted + 1 positions a row (its accepted
+    drafts and the position its token is drawn at), each at most once; and a variant that
+    asks for every verified position is told apart by that count."""
+    from avspec.engine.rejection import packed_rejection_sample, rejection_sample_by_depth
+
+    asked_more = 0
+    for seed in range(60):
+        batch, k, vocab = 1 + seed % 6, 1 + seed % 5, (3, 8, 50)[seed % 3]
+        drafts, q, p = _random_case(batch, k, vocab, seed=300 + seed)
+        gen = torch.Generator().manual_seed(seed)
+        num_verify = torch.randint(0, k + 1, (batch,), generator=gen)
+        if seed % 2:  # drafts at p's argmax: accepts and bonus tokens
+            drafts = p[:, :k].argmax(-1)
+        packed = torch.cat([p[r, : int(num_verify[r]) + 1] for r in range(batch)])
+        first = torch.cumsum(num_verify + 1, 0) - (num_verify + 1)
+        asked: list[int] = []
+
+        def probs_at(positions, packed=packed, asked=asked):
+            asked.extend(positions.tolist())
+            return packed[positions]
+
+        seeds = [1000 * seed + r for r in range(batch)]
+        packed_gens, depth_gens = _gens(*seeds), _gens(*seeds)
+        want = packed_rejection_sample(drafts, q, packed, first, num_verify, packed_gens,
+                                       stream_positions=k + 2)  # fmt: skip
+        got = rejection_sample_by_depth(drafts, q, probs_at, first, num_verify, depth_gens,
+                                        stream_positions=k + 2)  # fmt: skip
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), seed
+        for a, b in zip(packed_gens, depth_gens, strict=True):
+            assert torch.equal(a.get_state(), b.get_state())
+        assert len(asked) == len(set(asked)) == int((got[1] + 1).sum()), seed
+        asked_more += int((num_verify - got[1]).sum())
+    assert asked_more > 30  # rows rejected before num_verify: positions never warped
+
+
+def test_by_depth_rejects_bad_input():
+    from avspec.engine.rejection import rejection_sample_by_depth
+
+    args = _good()
+    p = args["target_probs"].flatten(0, 1)
+    first = torch.tensor([0, 3])
+
+    def call(**change):
+        a = {"draft_tokens": args["draft_tokens"], "draft_probs": args["draft_probs"],
+             "probs_at": lambda positions: p[positions], "first_position": first,
+             "num_verify": torch.tensor([2, 1]), "generators": args["generators"]} | change
+        return rejection_sample_by_depth(**a)  # fmt: skip
+
+    with pytest.raises(ValueError, match="num_verify must lie"):
+        call(num_verify=torch.tensor([2, 9]))
+    with pytest.raises(ValueError, match="draft_probs"):
+        call(draft_probs=-args["draft_probs"])
+    with pytest.raises(ValueError, match="first_position must have shape"):
+        call(first_position=torch.tensor([0]))
+    with pytest.raises(ValueError, match="integer tensor"):
+        call(first_position=torch.tensor([0.0, 3.0]))

@@ -112,7 +112,10 @@ def test_target_probs_match_full_recomputation_at_the_verified_positions() -> No
         packed = pack_verify_batch(
             inputs.input_ids, offsets, step.input_lengths, torch.tensor([drafts]), [2]
         )
-        probs = stage._target_probs(inputs, step, packed)
+        hidden = model.forward_cached(stage.cache, step.seq_ids, packed.tokens, packed.lengths,
+                                      hidden=True, at=packed.positions)  # fmt: skip
+        warp = inputs.temperature.float()[packed.rows], inputs.top_p.float()[packed.rows]
+        probs = stage._probs_at(hidden, *warp, torch.arange(3))
     assert probs.shape == (3, 257)
     for j in range(3):
         logits = model(torch.tensor([context + drafts[:j]]))[0, -1]
@@ -248,7 +251,8 @@ def _old_rejection(draft_tokens, draft_probs, target_probs, num_verify, uniforms
 def _old_path_case(model: Transformer, seed: int, vocab_limit: int | None, batch: int | None = None,
                    verify: list[int] | None = None, **fixed: float) -> dict[str, int]:  # fmt: skip
     """One random step through a fresh stage and through the reference: asserts the same p at
-    the verified positions (the same nucleus, bit for bit where the stage's warp sums a
+    the positions the stage warped, which are each row's accepted drafts and the position its
+    token is drawn at and no other (the same nucleus, bit for bit where the stage's warp sums a
     vocabulary-wide row as the reference does, within 1e-6 relative where it renormalises a
     short nucleus by the sum of its own values: `top_p._top_p_cpu`), the same output_ids and
     num_accepted; returns what the step exercised. `fixed`: temperature, top_p or scale (of the
@@ -291,22 +295,23 @@ def _old_path_case(model: Transformer, seed: int, vocab_limit: int | None, batch
     inputs = make_inputs(rows)
 
     stage = make_target_stage(model, vocab_limit=vocab_limit)
-    real_forward, real_target_probs = model.forward_cached, stage._target_probs
-    packed_p = []  # what the stage warped
+    real_forward, real_probs_at = model.forward_cached, stage._probs_at
+    warped: list[tuple[torch.Tensor, torch.Tensor]] = []  # (packed positions, p) as warped
 
-    def forward_cached(*args, at=None, **kwargs):
-        assert real_forward(*args, **kwargs).shape == logits.shape  # grows the cache
-        return logits.clone() if at is None else logits[at].clone()
+    def forward_cached(*args, at=None, hidden=False, **kwargs):
+        assert real_forward(*args, **kwargs).shape[0] == logits.shape[0]  # grows the cache
+        return logits.clone() if at is None else logits[at].clone()  # its "hidden": the logits
 
-    def target_probs(*args):
-        packed_p.append(real_target_probs(*args))
-        return packed_p[-1]
+    def probs_at(*args):
+        warped.append((args[-1].clone(), real_probs_at(*args)))
+        return warped[-1][1]
 
-    model.forward_cached, stage._target_probs = forward_cached, target_probs
+    model.forward_cached, model.logits = forward_cached, torch.clone
+    stage._probs_at = probs_at
     try:
         out = stage(inputs, drafts.int(), q, torch.tensor(verify))
     finally:
-        del model.forward_cached
+        del model.forward_cached, model.logits
 
     full = logits[gather].clone()
     if vocab_limit is not None:
@@ -319,8 +324,12 @@ def _old_path_case(model: Transformer, seed: int, vocab_limit: int | None, batch
         drafts, q, p, torch.tensor(verify), noise[:, :K], noise[:, K]
     )
     verified = torch.arange(K + 1)[None, :] <= torch.tensor(verify)[:, None]
-    assert torch.equal(packed_p[0] > 0, p[verified] > 0), f"seed {seed}: the nucleus differs"
-    torch.testing.assert_close(packed_p[0], p[verified], rtol=1e-6, atol=0.0)
+    at = torch.cat([positions for positions, _ in warped])
+    stage_p, reference_p = torch.cat([probs for _, probs in warped]), p[verified][at]
+    assert torch.equal(stage_p > 0, reference_p > 0), f"seed {seed}: the nucleus differs"
+    torch.testing.assert_close(stage_p, reference_p, rtol=1e-6, atol=0.0)
+    # on the CPU p is warped depth by depth: a row's accepted drafts and its drawn token only
+    assert len(at) == len(set(at.tolist())) == int((num_accepted.long() + 1).sum()), seed
     assert torch.equal(out.output_ids, output_ids), f"seed {seed}: output_ids differ"
     assert torch.equal(out.num_accepted, num_accepted), f"seed {seed}: num_accepted differs"
     verify_t = torch.tensor(verify)
