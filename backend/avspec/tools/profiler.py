@@ -1,7 +1,9 @@
 """Cost-table measurement (spec section 4): time the real stages, not a model of them.
 
 - Verify cost: the target stage on `batch` decoding sequences, each with one pending token and
-  n verified drafts (n = 0..K); size = total target tokens batch * (1 + n).
+  n verified drafts (n = 0..K); size = total target tokens batch * (1 + n). On text the drafts
+  are the text's next tokens with q one-hot on them, so each is accepted with probability p(x)
+  (what the stage's CPU work past the blocks depends on: avspec.engine.target_stage).
 - Draft pass cost: one draft forward (plus its sampling) as a function of the rows in it. The
   draft stage is timed on `rows` decoding sequences drafting 1 token (one pass) and drafting
   `passes` tokens (that many passes), interleaved repeat by repeat; a pass costs
@@ -114,7 +116,7 @@ def profile_verify_cost(
         else:
             drafts = tokens[:, context_length + 1 :]
         drafts = drafts.to(device)
-        probs = torch.full((batch, max_draft_tokens, vocab), 1.0 / vocab, device=device)
+        probs = _draft_probs(drafts, vocab, text is not None)
         for n in range(max_draft_tokens + 1):
             verify = torch.full((batch,), n, dtype=torch.int32, device=device)
             calls.append((partial(stage, inputs, drafts, probs, verify),))
@@ -128,6 +130,16 @@ def profile_verify_cost(
     timed = interleaved_ms(calls, repeats, warmup, device, on_done=done)
     samples = [times for (times,) in timed]
     return verify_points(shapes, samples, per_row_ms=0.0)
+
+
+def _draft_probs(drafts: torch.Tensor, vocab: int, one_hot: bool) -> torch.Tensor:
+    """The q the target ladder verifies: one-hot at each draft on text (a draft is accepted with
+    probability p(x), the rate the target gives the text itself: on the CPU the stage's output layer
+    and warp run only where the scan of the accept tests reaches), uniform on random ids."""
+    if one_hot:
+        shape = (*drafts.shape, vocab)
+        return torch.zeros(shape, device=drafts.device).scatter_(-1, drafts[..., None].long(), 1.0)
+    return torch.full((*drafts.shape, vocab), 1.0 / vocab, device=drafts.device)
 
 
 def verify_points(
