@@ -38,8 +38,8 @@ from typing import Any
 
 import openai
 
+from avspec.tools.prefixes import even_pick
 from avspec.tools.stream_metrics import StreamRecord, combine_rounds, summarize
-from avspec.tools.workloads import even_pick
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "speculative"

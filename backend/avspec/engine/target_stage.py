@@ -10,11 +10,11 @@ and only there the output layer runs and the logits are warped like the draft's
 width of the draft's q). On the CPU that is depth by depth (avspec.engine.rejection's
 `rejection_sample_by_depth`): a row's accepted drafts and the position its token is drawn at,
 so a step's output-layer and sampling work grows with the tokens it accepts, not with those it
-verifies; elsewhere every verified position at once (the packed form). Afterwards the target cache is
-rolled back to `start + input_length + num_accepted`: the accepted drafts stay cached (their keys
-are exact), rejected drafts go, and the correction/bonus token is not cached (the next step brings
-it back as an input). `target_ms` is the stage's host wall time (the cost refresh reads it; the
-roll-back reads num_accepted, so on CUDA it includes the device work).
+verifies; elsewhere every verified position at once (the packed form). Afterwards the target
+cache is rolled back to `start + input_length + num_accepted`: the accepted drafts stay cached
+(their keys are exact), rejected drafts go, and the correction/bonus token is not cached (the
+next step brings it back as an input). `target_ms` is the stage's host wall time (the cost
+refresh reads it; the roll-back reads num_accepted, so on CUDA it includes the device work).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ class TargetStage(ModelStage):
         args = (draft_tokens[:, :width], draft_probs.to(self.device))
         rest = (packed.first, num_verify, self.slots.generators(step.seq_ids))
         options = {"check_values": self.check_values, "stream_positions": k}
-        if self.device.type == "cpu":
+        if self.by_depth:
             output_ids, num_accepted = rejection_sample_by_depth(*args, probs_at, *rest, **options)
         else:
             every = torch.arange(len(packed.positions), device=self.device)
@@ -157,6 +157,11 @@ class TargetStage(ModelStage):
         if width < k:
             output_ids = torch.nn.functional.pad(output_ids, (0, k - width), value=-1)
         return output_ids, num_accepted
+
+    @property
+    def by_depth(self) -> bool:
+        """Warp depth by depth (a host read per depth, of which rows go on): CPU only."""
+        return self.device.type == "cpu"
 
     def _roll_back(self, step: HostStep, num_accepted: torch.Tensor) -> None:
         """Keep each row's committed inputs and accepted drafts cached; drop the rest."""

@@ -251,9 +251,14 @@ def test_by_depth_rejects_bad_input():
     first = torch.tensor([0, 3])
 
     def call(**change):
-        a = {"draft_tokens": args["draft_tokens"], "draft_probs": args["draft_probs"],
-             "probs_at": lambda positions: p[positions], "first_position": first,
-             "num_verify": torch.tensor([2, 1]), "generators": args["generators"]} | change
+        a = {
+            "draft_tokens": args["draft_tokens"],
+            "draft_probs": args["draft_probs"],
+            "probs_at": lambda positions: p[positions],
+            "first_position": first,
+            "num_verify": torch.tensor([2, 1]),
+            "generators": args["generators"],
+        } | change
         return rejection_sample_by_depth(**a)  # fmt: skip
 
     with pytest.raises(ValueError, match="num_verify must lie"):

@@ -405,3 +405,49 @@ def test_q_for_fewer_positions_verifies_and_draws_as_the_full_window(width: int)
                        reusable=int(a.num_accepted[r]))  # fmt: skip
     with pytest.raises(ValueError, match=rf"num_verify\[0\] = {width + 1} past the {width} "):
         short(make_inputs(rows), drafts, q, torch.tensor([width + 1, 0, 0]))
+
+
+class _OnePass(TargetStage):
+    """The stage as it verifies off the CPU: p at every verified position, one pass."""
+
+    by_depth = False
+
+
+def test_depth_by_depth_equals_the_one_pass_form_over_random_steps() -> None:
+    """The CPU's depth-by-depth verification and the one-pass form (CUDA's) on the same model
+    and inputs: equal output_ids, num_accepted and generator states over 30 random steps of 4
+    rows (temperature 0.8, top-p 0.9; drafts the target's greedy continuation, each swapped
+    for a random token with probability 0.3, q one-hot on them or the softmax of noise)."""
+    model = tiny_model(23)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(5)
+    depth, one_pass = make_target_stage(model), make_target_stage(model)
+    one_pass.__class__ = _OnePass
+    assert depth.by_depth and not one_pass.by_depth
+    rows = [{"seq_id": r + 1, "tokens": [3 + r, 5, 7], "seed": r, "temperature": 0.8,
+             "top_p": 0.9} for r in range(4)]  # fmt: skip
+    history = [list(row["tokens"]) for row in rows]
+    accepted = 0
+    for step in range(30):
+        inputs = make_inputs(rows)
+        drafts = torch.tensor([greedy(model, h, K) for h in history])
+        swap = torch.rand(4, K, generator=gen) < 0.3
+        drafts = torch.where(swap, torch.randint(0, vocab, (4, K), generator=gen), drafts).int()
+        if step % 2:
+            q = torch.softmax(torch.randn(4, K, vocab, generator=gen), -1)
+        else:
+            q = torch.zeros(4, K, vocab).scatter_(-1, drafts[..., None].long(), 1.0)
+        verify = torch.randint(0, K + 1, (4,), generator=gen)
+        a, b = depth(inputs, drafts, q, verify), one_pass(inputs, drafts, q, verify)
+        assert torch.equal(a.output_ids, b.output_ids), step
+        assert torch.equal(a.num_accepted, b.num_accepted), step
+        for x, y in zip(depth.slots.generators([1, 2, 3, 4]),
+                        one_pass.slots.generators([1, 2, 3, 4]), strict=True):  # fmt: skip
+            assert torch.equal(x.get_state(), y.get_state())
+        accepted += int(a.num_accepted.sum())
+        for r, row in enumerate(rows):
+            kept = a.output_ids[r, : int(a.num_accepted[r]) + 1].tolist()
+            history[r] += kept
+            row.update(start=row.get("start", 0) + len(row["tokens"]), tokens=kept,
+                       reusable=int(a.num_accepted[r]))  # fmt: skip
+    assert accepted > 60  # rows go deep: most depths ask for p

@@ -7,16 +7,13 @@ import json
 
 import pytest
 
+from avspec.tools.prefixes import MAX_BYTES, MIN_BYTES, even_pick, fit
 from avspec.tools.training.corpus import TOPICS_PREFIX, corpus_files, split_files
 from avspec.tools.workloads import (
     CHAT_CANDIDATES,
     CHAT_SEED,
-    MAX_BYTES,
-    MIN_BYTES,
     build_workloads,
     chat_prompts,
-    even_pick,
-    fit,
     main,
 )
 

@@ -6,12 +6,14 @@
 Phases (`--only` runs one; without it all four run, training beside the data: `data` goes on in
 a second process while `train` starts on the first chunk and re-lists the chunks every pass,
 which is how the committed draft was made and keeps `make draft` inside two hours on two cores):
-`data` (held-out then train prompts answered by the target, chunk
-files under `<work>/heldout` and `<work>/train`; then, with `--self-prompts N`, N user messages
-the target writes itself (`avspec.tools.draft.self_prompts`, kept in `<work>/self_prompts.json`)
+`data` (held-out then train prompts answered by the target, chunk files under `<work>/heldout`
+and `<work>/train`, with `--raw-prompts N` also N raw code and prose prefixes continued without
+the chat template (`chunk_raw_*.pt`); then, with `--self-prompts N`, N user messages the target
+writes itself (`avspec.tools.draft.self_prompts`, kept in `<work>/self_prompts.json`)
 answered into `<work>/train/chunk_self_*.pt`, apart from the corpus chunks; resumable), `train`
 (top-64 KL distillation on whatever chunks exist, checkpointed to `<work>/checkpoint.pt`;
-resumable), `report` (held-out acceptance at position 1 and AUC, written to
+resumable; `--init-from DIR` starts a new run from a draft directory's weights: a
+fine-tune), `report` (held-out acceptance at position 1 and AUC, written to
 `<work>/report.json`, and the draft saved as a Hugging Face directory in `--out`), `card` (the
 pair's model card, measured on the target and the draft in `--out`:
 `avspec.tools.draft.model_card`; written to `--card`, by default
@@ -53,6 +55,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--self-prompts", type=int, default=0, help="target-written user messages (Magpie)"
     )
+    parser.add_argument(
+        "--raw-prompts", type=int, default=0,
+        help="raw code / prose prefixes the target continues without the chat template",
+    )  # fmt: skip
     parser.add_argument("--batch", type=int, default=64, help="target rows decoding together")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--minutes", type=float, default=60.0, help="training wall time")
@@ -64,6 +70,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--draft-vocab", type=Path,
         help="train q over this map's kept ids, as served (default <out>/draft_vocab.json if any)",
     )  # fmt: skip
+    parser.add_argument(
+        "--init-from", type=Path, metavar="DIR",
+        help="a new run starts from this draft directory's weights (same shape), not the target's",
+    )  # fmt: skip
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", choices=PHASES)
@@ -107,7 +118,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         shape = {"target_layers": [int(i) for i in args.target_layers.split(",")]}
         train_draft(
             args.target, args.work, args.minutes, args.seed, shape=shape,
-            vocab=training_vocab(args.draft_vocab, args.out, args.target),
+            vocab=training_vocab(args.draft_vocab, args.out, args.target), lr=args.lr,
+            init_from=args.init_from,
         )  # fmt: skip
     if data is not None:
         data.join()

@@ -5,15 +5,16 @@ directory in bf16, the served default) with continuous batching over its ragged 
 `batch` sequences decode together, and a finished one (EOS or `max_new_tokens`) frees its slot
 for the next prompt, prefilled in a separate call, so no row idles on padding (measured here:
 `transformers.generate` with left padding, 1 thread, batch 32: 42 answer tokens/s). Prompts are
-rendered by the target's chat template (`transformers`' Jinja renderer on the target's
+rendered by the target's chat template (raw completion prompts, `RAW_KINDS`, are tokenized as they
+are) (`transformers`' Jinja renderer on the target's
 `tokenizer_config.json`) and answered at temperature 0.7, top-p 0.95 (the served setting). The
 raw logits of each decoding step are the target's distribution at that answer position: their
 top `keep` (64) values and ids are saved, the distillation target, with no second pass.
 
 Prompts are answered a chunk at a time; each chunk is one file `chunk_<index>.pt` (or another
-prefix: `chunk_self_<index>.pt` for the self prompts) written under
-a temporary name then renamed, so an interrupted run resumes at the first missing chunk. A
-chunk holds per sequence: `prompt` (int32 ids), `answer` (int32 ids, through the EOS if one
+prefix: `chunk_self_<index>.pt` for the self prompts, `chunk_raw_<index>.pt` for the raw ones)
+written under a temporary name then renamed, so an interrupted run resumes at the first missing
+chunk. A chunk holds per sequence: `prompt` (int32 ids), `answer` (int32 ids, through the EOS if one
 came), `top_ids` [len(answer), keep] int32, `top_logits` [len(answer), keep] float16, and the
 prompt kinds.
 """
@@ -32,7 +33,7 @@ from tqdm import tqdm
 
 from avspec.runtime.model_dir import load_model, load_tokenizer
 from avspec.runtime.transformer import Transformer
-from avspec.tools.draft.prompts import ChatPrompt
+from avspec.tools.draft.prompts import RAW_KINDS, ChatPrompt
 from avspec.tools.training.evaluate import warp
 
 MAX_PROMPT_TOKENS = 384
@@ -47,8 +48,11 @@ def chat_renderer(target_dir: Path | str) -> Any:
 
 def render(tokenizer: Any, prompt: ChatPrompt) -> list[int]:
     """Token ids of `prompt` in the chat template, ready for the assistant's answer (the
-    message body cut so the whole prompt fits MAX_PROMPT_TOKENS)."""
+    message body cut so the whole prompt fits MAX_PROMPT_TOKENS); a raw kind's text as it is
+    (`RAW_KINDS`: no template, no special tokens, the last MAX_PROMPT_TOKENS ids)."""
     message = prompt.message
+    if prompt.kind in RAW_KINDS:
+        return list(tokenizer(message, add_special_tokens=False)["input_ids"])[-MAX_PROMPT_TOKENS:]
     while True:
         ids = tokenizer.apply_chat_template(
             [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True

@@ -16,7 +16,9 @@ A seventh kind, `self` (SELF_KIND), is not built here: user messages the target 
 (`avspec.tools.draft.self_prompts`), general chat the corpus lacks.
 
 Each prompt is one user message; the target's chat template renders it (with its default
-system line) in `avspec.tools.draft.generate`.
+system line) in `avspec.tools.draft.generate`. The raw kinds (`RAW_KINDS`, `build_raw_prompts`)
+are not messages: a prefix of a code file or of prose, which the target continues as a
+completion with no template, as a raw prompt is served (the benchmark's code workload).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from avspec.tools.prefixes import code_prompts, prose_prompts
 from avspec.tools.training.corpus import TOPICS_PREFIX
 
 KINDS = ("explain", "write", "continue_code", "question", "continue_prose", "summarize")
 SELF_KIND = "self"  # target-written messages (`self_prompts`); not one of the corpus KINDS
+RAW_KINDS = ("raw_code", "raw_prose")  # completions of raw text, no chat template
 MAX_CODE_LINES = 24
 MAX_PARAGRAPH_CHARS = 700
 
@@ -134,4 +138,23 @@ def build_prompts(files: Sequence[tuple[str, str]], count: int, seed: int) -> li
             source, paragraph = rng.choice(paragraphs)
             message = f"Summarize this paragraph in one sentence:\n\n{paragraph}"
         prompts.append(ChatPrompt(kind, source, message))
+    return prompts
+
+
+def build_raw_prompts(files: Sequence[tuple[str, str]], count: int) -> list[ChatPrompt]:
+    """`count` raw completion prompts from (name, text) files, kinds in turn: `raw_code`, a
+    prefix of a code file starting at a line, and `raw_prose`, a prose paragraph from a sentence
+    or clause, each 64-200 bytes, picked evenly as the benchmark workloads are
+    (`avspec.tools.workloads`, which draws its own from the held-out split only)."""
+    code = [f for f in files if not f[0].startswith(TOPICS_PREFIX)]
+    prose = [f for f in files if f[0].startswith(TOPICS_PREFIX)]
+    texts = {
+        "raw_code": code_prompts(code, (count + 1) // 2),
+        "raw_prose": prose_prompts(prose, count // 2),
+    }
+    prompts = []
+    for i in range(count):
+        kind = RAW_KINDS[i % 2]
+        if i // 2 < len(texts[kind]):
+            prompts.append(ChatPrompt(kind, "corpus", texts[kind][i // 2]))
     return prompts

@@ -22,6 +22,7 @@ from avspec.engine.draft_vocab import DraftVocab
 from avspec.runtime.hf_checkpoint import save_hf_model
 from avspec.runtime.model_dir import load_model
 from avspec.runtime.transformer import Transformer
+from avspec.tools.draft.data import RAW_HELDOUT
 from avspec.tools.draft.evaluate import (
     acceptance_by_depth,
     exact_acceptance,
@@ -44,6 +45,8 @@ def load_checkpoint_draft(
     draft = skeleton(target.config, state["shape"])
     draft.load_state_dict(state["model"])
     progress = {k: state[k] for k in ("step", "elapsed", "seen", "shape")}
+    if state.get("init_from"):
+        progress["init_from"] = state["init_from"]
     kept = state.get("kept_ids")
     vocab = None if kept is None else DraftVocab.of(kept, target.config.vocab_size, "checkpoint")
     return draft.eval(), progress, vocab
@@ -65,6 +68,14 @@ def write_report(target_dir: Path | str, work: Path | str, out: Path | str | Non
         "acceptance_by_depth": acceptance_by_depth(served, target, heldout),
         "target_dtype": "bfloat16",
     }
+    raw = load_chunks(work / RAW_HELDOUT)
+    if raw:  # raw completions held out, apart from the chat ones
+        report["heldout_raw"] = exact_acceptance(served, target, raw)
+    if "init_from" in progress:  # a fine-tune: the draft it started from, on the same chunks
+        start = served_draft(load_model(progress["init_from"], dtype=torch.float32), vocab)
+        report["init"] = {"heldout": exact_acceptance(start, target, heldout)}
+        if raw:
+            report["init"]["heldout_raw"] = exact_acceptance(start, target, raw)
     log = work / LOG
     if log.is_file():
         report["last_log"] = json.loads(log.read_text().splitlines()[-1])

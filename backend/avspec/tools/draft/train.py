@@ -131,11 +131,13 @@ def train_draft(
     checkpoint_minutes: float = 4.0,
     shape: dict | None = None,
     vocab: DraftVocab | None = None,
+    init_from: Path | str | None = None,
 ) -> Transformer:
     """Train (or resume) the draft for `minutes` of wall time in all; returns it in eval mode.
 
     A new run takes `shape` (default `DEFAULT_SHAPE`) and `vocab` (None: the whole vocabulary);
-    a resumed one keeps its checkpoint's, and refuses a different `vocab`."""
+    a resumed one keeps its checkpoint's, and refuses a different `vocab`. `init_from`: a new
+    run starts from that draft directory's weights (a fine-tune; they must load into `shape`)."""
     work = Path(work)
     path = work / CHECKPOINT
     target = load_model(target_dir, max_length=1024)
@@ -151,6 +153,9 @@ def train_draft(
         shape = dict(DEFAULT_SHAPE if shape is None else shape)
         state = {"elapsed": 0.0, "step": 0, "shape": shape, "seen": 0, "kept_ids": kept}
         draft = new_draft(target, shape, seed=seed)
+        if init_from is not None:
+            draft.load_state_dict(initial_weights(init_from, draft))
+            state["init_from"] = str(init_from)
     slots = None if kept is None else kept_slots(kept, target.config.vocab_size)
     del target
     trainable = [p for p in draft.parameters() if p.requires_grad]
@@ -197,6 +202,19 @@ def train_draft(
                 break
     bar.close()
     return draft.eval()
+
+
+def initial_weights(draft_dir: Path | str, draft: Transformer) -> dict[str, torch.Tensor]:
+    """The float32 weights of the draft in `draft_dir` (assembled), checked against `draft`'s
+    shape: ValueError naming the first difference."""
+    loaded = load_model(draft_dir, dtype=torch.float32).state_dict()
+    want = draft.state_dict()
+    for name, tensor in want.items():
+        if name not in loaded or loaded[name].shape != tensor.shape:
+            got = tuple(loaded[name].shape) if name in loaded else "nothing"
+            raise ValueError(f"{draft_dir}: {name} is {got}, the draft's shape needs "
+                             f"{tuple(tensor.shape)}")  # fmt: skip
+    return {name: loaded[name] for name in want}
 
 
 def save_checkpoint(

@@ -192,3 +192,61 @@ def test_a_resumed_run_refuses_another_draft_vocabulary(tmp_path, monkeypatch):
         train_module.train_draft("unused", tmp_path, 1.0, vocab=DraftVocab.of([0, 1, 3], 40))
     with pytest.raises(ValueError, match="another draft vocabulary"):
         train_module.train_draft("unused", tmp_path, 1.0, vocab=None)
+
+
+def test_raw_prompts_alternate_code_and_prose_prefixes():
+    from avspec.tools.draft.prompts import RAW_KINDS, build_raw_prompts
+
+    code = "".join(f"def f{i}(a, b):\n    return a + {i} * b\n\n" for i in range(30))
+    prose = "The while statement\n\n" + " ".join(
+        f"Sentence {i} says the loop runs while the test holds, then stops." for i in range(30)
+    )
+    files = [("m.py", code), (TOPICS_PREFIX + "while", prose)]
+    prompts = build_raw_prompts(files, 8)
+    assert [p.kind for p in prompts] == list(RAW_KINDS) * 4
+    assert prompts == build_raw_prompts(files, 8)
+    for p in prompts:
+        assert 64 <= len(p.message.encode()) <= 200
+        assert (p.message in code) if p.kind == "raw_code" else ("Sentence" in p.message)
+
+
+def test_a_raw_prompt_renders_without_the_chat_template():
+    from avspec.tools.draft.generate import MAX_PROMPT_TOKENS, render
+    from avspec.tools.draft.prompts import ChatPrompt
+
+    class Tokenizer:  # the `transformers` calls render makes
+        def __call__(self, text, add_special_tokens=True):
+            assert add_special_tokens is False
+            return {"input_ids": [ord(c) for c in text]}
+
+        def apply_chat_template(self, messages, **kwargs):
+            return [1, *(ord(c) for c in messages[0]["content"]), 2]
+
+    text = "x = 1\n" * 100
+    assert render(Tokenizer(), ChatPrompt("raw_code", "m.py", "ab")) == [97, 98]
+    assert (
+        render(Tokenizer(), ChatPrompt("raw_code", "m.py", text))
+        == [ord(c) for c in text][-MAX_PROMPT_TOKENS:]
+    )
+    assert render(Tokenizer(), ChatPrompt("explain", "m.py", "ab")) == [1, 97, 98, 2]
+
+
+def test_a_new_run_can_start_from_a_draft_directory(tmp_path, monkeypatch):
+    """`initial_weights`: a draft directory's weights load into the draft's shape; another
+    shape is refused by the first tensor that differs."""
+    from avspec.tools.draft import train as train_module
+
+    target = _target()
+    saved = target_layers_draft(target, [0, 2])
+    with torch.no_grad():
+        first = next(p for n, p in saved.named_parameters() if n.startswith("blocks.1."))
+        first.add_(1.0)
+    monkeypatch.setattr(train_module, "load_model", lambda *a, **k: saved)
+    fresh = target_layers_draft(target, [0, 2])
+    weights = train_module.initial_weights(tmp_path, fresh)
+    fresh.load_state_dict(weights)
+    for (name, a), (_, b) in zip(fresh.state_dict().items(), saved.state_dict().items(),
+                                 strict=True):  # fmt: skip
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match=r"blocks\.2\..* is nothing"):
+        train_module.initial_weights(tmp_path, target_layers_draft(target, [0, 1, 2]))
