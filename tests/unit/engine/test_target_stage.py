@@ -14,7 +14,7 @@ from helpers.stages import K, make_inputs, make_target_stage, tiny_model
 from avspec.contract import read_step_inputs
 from avspec.engine.sampling import uniform_noise
 from avspec.engine.stage import TARGET_SALT
-from avspec.engine.target_stage import TargetStage, pack_verify_batch
+from avspec.engine.target_stage import OutputLayer, TargetStage, pack_verify_batch
 from avspec.runtime.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -115,7 +115,8 @@ def test_target_probs_match_full_recomputation_at_the_verified_positions() -> No
         hidden = model.forward_cached(stage.cache, step.seq_ids, packed.tokens, packed.lengths,
                                       hidden=True, at=packed.positions)  # fmt: skip
         warp = inputs.temperature.float()[packed.rows], inputs.top_p.float()[packed.rows]
-        probs = stage._probs_at(hidden, *warp, torch.arange(3))
+        logits = OutputLayer(model, hidden, packed, torch.tensor([2]), stage.mask_vocab)
+        probs = stage._probs_at(logits, *warp, torch.arange(3))
     assert probs.shape == (3, 257)
     for j in range(3):
         logits = model(torch.tensor([context + drafts[:j]]))[0, -1]
@@ -451,3 +452,43 @@ def test_depth_by_depth_equals_the_one_pass_form_over_random_steps() -> None:
             row.update(start=row.get("start", 0) + len(row["tokens"]), tokens=kept,
                        reusable=int(a.num_accepted[r]))  # fmt: skip
     assert accepted > 60  # rows go deep: most depths ask for p
+
+
+def test_output_layer_computes_few_rows_several_depths_at_once_and_each_once() -> None:
+    """A lone row's first ask computes its every depth in one product; 30 rows asked at depth 0
+    compute that depth alone (ceil(24 / 30) = 1), 15 of them at depth 1 their depths 1 and 2
+    (ceil(24 / 15) = 2); the logits equal the output layer's at every position, each computed
+    once."""
+    from avspec.engine.target_stage import OUTPUT_LAYER_ROWS
+
+    products: list[int] = []
+
+    class Model:
+        def logits(self, x):
+            products.append(len(x))
+            return x * 2.0
+
+    def packed_for(verify: list[int]):
+        lengths = [v + 1 for v in verify]
+        first = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()][:-1])
+        rows = torch.repeat_interleave(torch.arange(len(verify)), torch.tensor(lengths))
+        return type("Packed", (), {"rows": rows, "first": first})(), torch.tensor(verify)
+
+    packed, verify = packed_for([8])
+    hidden = torch.randn(9, 5)
+    layer = OutputLayer(Model(), hidden, packed, verify, lambda x: x)
+    for depth in range(9):
+        torch.testing.assert_close(layer(torch.tensor([depth])), hidden[depth : depth + 1] * 2)
+    assert products == [9]
+
+    products.clear()
+    rows = OUTPUT_LAYER_ROWS + 6
+    packed, verify = packed_for([2] * rows)
+    hidden = torch.randn(3 * rows, 5)
+    layer = OutputLayer(Model(), hidden, packed, verify, lambda x: x)
+    at_0 = packed.first
+    torch.testing.assert_close(layer(at_0), hidden[at_0] * 2)
+    half = packed.first[: rows // 2] + 1  # half the rows accepted their first draft
+    torch.testing.assert_close(layer(half), hidden[half] * 2)
+    torch.testing.assert_close(layer(half + 1), hidden[half + 1] * 2)
+    assert products == [rows, 2 * (rows // 2)]  # depth 0; then 15 rows' depths 1 and 2 at once
