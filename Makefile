@@ -113,18 +113,25 @@ costs: models/target/config.json models/draft/model.safetensors ## re-measure th
 		--draft-rows 1,2,4,8,16,32,64 --verify-batch-sizes 1,4,16,64 --repeats 15 --warmup 2 \
 		--overhead-ms $(OVERHEAD_MS) --output models/cost_tables.json --plot bench/cost_tables.png
 
-# The draft for the default target, trained here (docs/smollm2.md): the target answers 5,120 chat
-# prompts from the project's corpora (top-64 logits kept; --self-prompts N adds N it writes
-# itself), the draft (three of the target's layers over its frozen embedding) is distilled from
-# them while the data is still being made; resumable (build/draft-smollm2), one thread per job,
-# at low priority; writes models/draft (draft_layers.safetensors is what git keeps), its card.
+# The draft for the default target, trained here (docs/smollm2.md), in two runs. The first: the
+# target answers 5,120 chat prompts from the project's corpora (top-64 logits kept; --self-prompts N
+# adds N it writes itself), the draft (three of the target's layers over its frozen embedding) is
+# distilled from them while the data is still being made (build/draft-smollm2; the draft written
+# to build/draft-base). The second, a fine-tune from it: 1,024 raw code and prose prefixes the
+# target continues without the chat template (how raw prompts are served: the code workload)
+# beside 1,024 of the chat prompts again (build/draft-smollm2-raw). Both resumable, one thread per
+# job, at low priority; writes models/draft (draft_layers.safetensors is what git keeps), its card.
 DRAFT_MINUTES ?= 65
+FINETUNE_MINUTES ?= 30
+DRAFT_ARGS = --target models/target --target-layers 0,1,2 --threads 1 \
+	--draft-vocab models/draft/draft_vocab.json
 draft: models/target/config.json ## train the draft for SmolLM2 (resumable, under 2 hours; models/draft)
-	nice -n 10 $(PY) -m avspec.tools.draft --target models/target --work build/draft-smollm2 \
-		--out models/draft --train-prompts 5120 --minutes $(DRAFT_MINUTES) \
-		--target-layers 0,1,2 --draft-vocab models/draft/draft_vocab.json --threads 1 \
-		--card models/MODEL_CARD.md --cost-tables models/cost_tables.json
-
+	nice -n 10 $(PY) -m avspec.tools.draft $(DRAFT_ARGS) --work build/draft-smollm2 \
+		--out build/draft-base --train-prompts 5120 --minutes $(DRAFT_MINUTES) --no-card
+	nice -n 10 $(PY) -m avspec.tools.draft $(DRAFT_ARGS) --work build/draft-smollm2-raw \
+		--out models/draft --init-from build/draft-base --train-prompts 1024 --raw-prompts 1024 \
+		--minutes $(FINETUNE_MINUTES) --lr 3e-4 --card models/MODEL_CARD.md \
+		--cost-tables models/cost_tables.json
 # The default draft's reduced vocabulary (models/draft/draft_vocab.json, served by the draft's
 # `draft_vocab: auto`): the 8,192 ids the target writes most in the draft's training answers, ties
 # by its top-64 mass, plus the special and chat-template ids. Needs the draft's data

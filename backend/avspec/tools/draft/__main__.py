@@ -79,6 +79,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", choices=PHASES)
     parser.add_argument("--card", type=Path, help="model card path (default <out>/MODEL_CARD.md)")
+    parser.add_argument("--no-card", action="store_true", help="all phases but the card")
     parser.add_argument("--card-contexts", type=int, default=256, help="held-out chat contexts")
     parser.add_argument("--cost-tables", type=Path, help="cost file of this pair, for the card")
     return parser.parse_args(argv)
@@ -130,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         report = write_report(args.target, args.work, args.out)
         print(json.dumps(report, indent=2), file=sys.stderr)
-    if args.only in (None, "card"):
+    if args.only == "card" or (args.only is None and not args.no_card):
         from avspec.tools.draft.model_card import write_card
 
         card = args.card if args.card is not None else args.out / "MODEL_CARD.md"

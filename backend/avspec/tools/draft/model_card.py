@@ -580,10 +580,28 @@ def _training_lines(report: dict[str, Any]) -> list[str]:
             f"{held.get('positions', '?')} positions of target-written held-out answers (the "
             "fp32 checkpoint, before the bf16 save)"
         )
+    raw = report.get("heldout_raw")
+    if raw:
+        parts.append(
+            f"on raw completions held out (code and prose prefixes, no chat template) "
+            f"{_f(raw.get('acceptance_1', math.nan))} and "
+            f"{_f(raw.get('auc_logit_q_max', math.nan))} over {raw.get('positions', '?')}"
+        )
+    start = report.get("init", {})
+    if "init_from" in tr and start:
+        before = [f"{_f(start[k]['acceptance_1'])} ({k.replace('_', ' ')})"
+                  for k in ("heldout", "heldout_raw") if k in start]  # fmt: skip
+        parts.append(f"the draft it started from, on the same answers: {', '.join(before)}")
     text = "; ".join(parts) if parts else "no figures"
+    what = "target-answered chat prompts of the train split"
+    if raw:
+        what += " and raw code / prose prefixes the target continued"
+    origin = _shape(tr)
+    if "init_from" in tr:
+        origin += f"; this run a fine-tune of the draft in `{tr['init_from']}`"
     return [
         "Draft training (`training_report.json`, `python -m avspec.tools.draft`: top-64 KL",
-        f"distillation on target-answered chat prompts of the train split{_shape(tr)}): {text}.",
+        f"distillation on {what}{origin}): {text}.",
     ]
 
 

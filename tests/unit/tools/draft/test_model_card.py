@@ -288,3 +288,24 @@ def test_chat_sequences_end_inside_the_answer(pair):
         assert text.endswith("<|im_start|>assistant\n") and prompt.message[:20] in text
         assert len(seq["ids"]) == seq["prompt_length"] + seq["answer_length"] - 1
         assert 1 <= seq["answer_length"] <= 5
+
+
+def test_a_fine_tune_names_its_start_and_the_raw_held_out_figures():
+    from avspec.tools.draft.model_card import _training_lines
+
+    report = {
+        "training": {"step": 10, "elapsed": 600.0, "seen": 1000, "init_from": "models/draft",
+                     "shape": {"target_layers": [0, 1, 2]}},
+        "heldout": {"acceptance_1": 0.559, "auc_logit_q_max": 0.757, "positions": 9446},
+        "heldout_raw": {"acceptance_1": 0.513, "auc_logit_q_max": 0.745, "positions": 11178},
+        "init": {"heldout": {"acceptance_1": 0.554}, "heldout_raw": {"acceptance_1": 0.464}},
+    }  # fmt: skip
+    text = " ".join(_training_lines(report))
+    assert (
+        "raw code / prose prefixes" in text and "a fine-tune of the draft in `models/draft`" in text
+    )
+    assert "0.513 and 0.745 over 11178" in text
+    assert "0.554 (heldout), 0.464 (heldout raw)" in text
+    del report["training"]["init_from"]
+    plain = " ".join(_training_lines({"training": report["training"]}))
+    assert "fine-tune" not in plain and "raw" not in plain
