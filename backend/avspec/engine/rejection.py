@@ -124,13 +124,12 @@ def packed_rejection_sample(
             raise ValueError(
                 f"first_position + 0..num_verify must lie in 0..{target_probs.shape[0] - 1}"
             )
-    stream = num_pos if stream_positions is None else stream_positions
-    if stream < num_pos:
-        raise ValueError(f"stream_positions {stream} < the {num_pos} draft positions")
-    uniforms, draw = _noise(generators, batch, stream, target_probs.device)
+    uniforms, draw = _window_noise(
+        generators, batch, num_pos, stream_positions, target_probs.device
+    )
     return packed_rejection_sample_from_noise(
-        draft_tokens, draft_probs, target_probs, first_position, num_verify,
-        uniforms[:, :num_pos], draw, check_values=check_values,
+        draft_tokens, draft_probs, target_probs, first_position, num_verify, uniforms, draw,
+        check_values=check_values,
     )  # fmt: skip
 
 
@@ -207,11 +206,8 @@ def rejection_sample_by_depth(
     tokens, first, verify = draft_tokens.long(), first_position.long(), num_verify.long()
     if check_values and batch > 0 and bool(((verify < 0) | (verify > num_pos)).any()):
         raise ValueError(f"num_verify must lie in 0..{num_pos}")
-    stream = num_pos if stream_positions is None else stream_positions
-    if stream < num_pos:
-        raise ValueError(f"stream_positions {stream} < the {num_pos} draft positions")
-    uniforms, draw = _noise(generators, batch, stream, draft_tokens.device)
     device = draft_tokens.device
+    uniforms, draw = _window_noise(generators, batch, num_pos, stream_positions, device)
     num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
     p_at: torch.Tensor | None = None  # [batch, vocab], filled row by row as each scan stops
     live = torch.arange(batch, device=device)  # the rows whose scan reaches this depth
@@ -282,6 +278,22 @@ def _noise(
     check_generators("generators", generators, batch, device)
     noise = uniform_noise(generators, (num_pos + 1,), device)
     return noise[:, :num_pos], noise[:, num_pos]
+
+
+def _window_noise(
+    generators: Sequence[torch.Generator],
+    batch: int,
+    num_pos: int,
+    stream_positions: int | None,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_noise` of a window of stream_positions (>= num_pos, default num_pos) drafts, the
+    accept tests cut to the num_pos verified: ([batch, num_pos], [batch])."""
+    stream = num_pos if stream_positions is None else stream_positions
+    if stream < num_pos:
+        raise ValueError(f"stream_positions {stream} < the {num_pos} draft positions")
+    uniforms, draw = _noise(generators, batch, stream, device)
+    return uniforms[:, :num_pos], draw
 
 
 def _check_read(name: str, values: torch.Tensor) -> None:
