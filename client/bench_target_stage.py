@@ -36,6 +36,7 @@ from avspec.engine.target_stage import TargetStage, pack_verify_batch
 from avspec.runtime.model_dir import load_model
 from avspec.tools.profiler import (
     _cache,
+    _draft_probs,
     _first_ids,
     _prefill,
     _sequences,
@@ -143,10 +144,7 @@ def main() -> None:
                 drafts = torch.randint(0, vocab, (batch, k), generator=gen)
             else:
                 drafts = tokens[:, args.context + 1 :]
-            if args.q == "uniform":
-                probs = torch.full((batch, k, vocab), 1.0 / vocab)
-            else:
-                probs = torch.zeros(batch, k, vocab).scatter_(-1, drafts[..., None].long(), 1.0)
+            probs = _draft_probs(drafts, vocab, one_hot=args.q == "one-hot")
             for n in verifies:
                 verify = torch.full((batch,), n, dtype=torch.int32)
                 calls.append((

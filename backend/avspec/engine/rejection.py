@@ -200,12 +200,8 @@ def rejection_sample_by_depth(
     _check_drafts(draft_tokens)
     batch, num_pos = draft_tokens.shape
     check_shape("first_position", first_position, (batch,))
-    check_shape("num_verify", num_verify, (batch,))
     _check_integer("first_position", first_position)
-    _check_integer("num_verify", num_verify)
     tokens, first, verify = draft_tokens.long(), first_position.long(), num_verify.long()
-    if check_values and batch > 0 and bool(((verify < 0) | (verify > num_pos)).any()):
-        raise ValueError(f"num_verify must lie in 0..{num_pos}")
     device = draft_tokens.device
     uniforms, draw = _window_noise(generators, batch, num_pos, stream_positions, device)
     num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
@@ -215,7 +211,7 @@ def rejection_sample_by_depth(
         if not len(live):
             break
         p = probs_at(first[live] + depth).float()  # [n, vocab]
-        if p_at is None:
+        if p_at is None:  # depth 0, every row: num_verify checked before any test reads it
             _check_probs(tokens, draft_probs, p, num_verify, check_values)
             p_at = p.new_empty(batch, p.shape[-1])
         testing = verify[live] > depth

@@ -210,9 +210,14 @@ class OutputLayer:
             ahead = ahead[ahead <= self.last[self.rows[missing]][:, None]]
             ahead = ahead[~self.done[ahead]]
             computed = self.mask_vocab(self.model.logits(self.hidden[ahead]))
-            if self.logits is None:
-                self.logits = computed.new_empty(len(self.done), computed.shape[-1])
-            self.logits[ahead] = computed
+            if self.logits is None and len(ahead) == len(self.done):
+                # every position at once (the one-pass form): `missing` is sorted and the rows'
+                # positions are packed in order, so `ahead` is 0..positions-1
+                self.logits = computed
+            else:
+                if self.logits is None:
+                    self.logits = computed.new_empty(len(self.done), computed.shape[-1])
+                self.logits[ahead] = computed
             self.done[ahead] = True
         assert self.logits is not None
         return self.logits[positions]

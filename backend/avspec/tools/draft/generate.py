@@ -5,11 +5,11 @@ directory in bf16, the served default) with continuous batching over its ragged 
 `batch` sequences decode together, and a finished one (EOS or `max_new_tokens`) frees its slot
 for the next prompt, prefilled in a separate call, so no row idles on padding (measured here:
 `transformers.generate` with left padding, 1 thread, batch 32: 42 answer tokens/s). Prompts are
-rendered by the target's chat template (raw completion prompts, `RAW_KINDS`, are tokenized as they
-are) (`transformers`' Jinja renderer on the target's
+rendered by the target's chat template (`transformers`' Jinja renderer on the target's
 `tokenizer_config.json`) and answered at temperature 0.7, top-p 0.95 (the served setting). The
 raw logits of each decoding step are the target's distribution at that answer position: their
-top `keep` (64) values and ids are saved, the distillation target, with no second pass.
+top `keep` (64) values and ids are saved, the distillation target, with no second pass. Raw
+completion prompts (`RAW_KINDS`) are tokenized as they are, with no template.
 
 Prompts are answered a chunk at a time; each chunk is one file `chunk_<index>.pt` (or another
 prefix: `chunk_self_<index>.pt` for the self prompts, `chunk_raw_<index>.pt` for the raw ones)
