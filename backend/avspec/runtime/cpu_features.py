@@ -13,6 +13,10 @@ from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# int8 dot products that accumulate in int32 (AVX-512 VNNI, AMX): FBGEMM's int8 GEMM needs them
+# to take full 8-bit activations; without them it multiplies u8 x s8 pairs into saturating int16
+# sums (vpmaddubsw), so activations must keep to 7 bits (`avspec.runtime.w8a8`).
+INT8_DOT_FLAGS = ("avx512_vnni", "amx_int8")
 
 
 def parse_cpu_flags(cpuinfo: str) -> frozenset[str]:
@@ -36,3 +40,8 @@ def read_cpu_flags(path: Path = CPUINFO) -> frozenset[str]:
 def has_fast_bf16(flags: frozenset[str]) -> bool:
     """Whether `flags` include native bfloat16 dot products (one of BF16_FLAGS)."""
     return any(flag in flags for flag in BF16_FLAGS)
+
+
+def has_int8_dot(flags: frozenset[str]) -> bool:
+    """Whether `flags` include int8 dot products into int32 (one of INT8_DOT_FLAGS)."""
+    return any(flag in flags for flag in INT8_DOT_FLAGS)

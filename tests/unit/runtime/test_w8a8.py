@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from helpers.hf_dirs import llama_form_config, spread_weights
 
+from avspec.runtime import w8a8
 from avspec.runtime.quantized import quantize_model
 from avspec.runtime.transformer import Transformer
 from avspec.runtime.w8a8 import W8A8Linear, calibration_ids, input_maxima
@@ -109,7 +110,9 @@ def test_a_calibrated_model_stays_close_to_float32_and_broken_smoothing_is_caugh
     assert all(isinstance(b.qkv, W8A8Linear) for b in good.blocks)
     assert isinstance(good.lm_head, W8A8Linear) and len(good.lm_head.outliers) == 16
     kl, agreement = kl_and_agreement(good, model, ids)
-    assert kl <= 2e-2 and agreement >= 0.9, (kl, agreement)
+    # 8-bit activations on a CPU with int8 dot products; 7-bit ones elsewhere (AVX2: KL 0.011,
+    # top-1 0.85; 8 bits there saturate FBGEMM's int16 sums: KL 0.061, top-1 0.70)
+    assert kl <= 2e-2 and agreement >= 0.8, (kl, agreement)
     broken = copy.deepcopy(good)
     for block in broken.blocks:
         block.mlp_in.input_scale.mul_(2.0)  # smoothing undone on one side only
@@ -145,3 +148,12 @@ def test_w8a8_refuses_a_model_off_the_cpu():
     model = tiny_model()
     with pytest.raises(ValueError, match="w8a8 runs on torch's CPU kernels"):
         quantize_model(model.to("meta"), "w8a8")
+
+
+@pytest.mark.parametrize("flags, reduced", [({"avx2"}, True), ({"avx2", "avx512_vnni"}, False),
+                                            ({"amx_int8"}, False)])  # fmt: skip
+def test_activations_keep_to_7_bits_without_int8_dot_products(monkeypatch, flags, reduced):
+    monkeypatch.setattr(w8a8, "read_cpu_flags", lambda: frozenset(flags))
+    layer = W8A8Linear.calibrated(torch.randn(8, 16), None, torch.float32, torch.rand(16) + 0.5)
+    assert layer.reduce_range is reduced
+    assert layer.rows(torch.tensor([1, 3])).reduce_range is reduced

@@ -75,6 +75,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="a new run starts from this draft directory's weights (same shape), not the target's",
     )  # fmt: skip
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    parser.add_argument(
+        "--tv-weight", type=float, default=0.0,
+        help="add this times 1 - acceptance at the served warp (temperature 0.7, top-p 0.95)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", choices=PHASES)
@@ -120,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         train_draft(
             args.target, args.work, args.minutes, args.seed, shape=shape,
             vocab=training_vocab(args.draft_vocab, args.out, args.target), lr=args.lr,
-            init_from=args.init_from,
+            init_from=args.init_from, tv_weight=args.tv_weight,
         )  # fmt: skip
     if data is not None:
         data.join()

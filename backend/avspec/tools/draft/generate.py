@@ -1,15 +1,16 @@
 """The target answers the chat prompts; its top-64 logits on each answer are kept for distillation.
 
 Generation runs on the project's own runtime (`avspec.runtime`, the target's Hugging Face
-directory in bf16, the served default) with continuous batching over its ragged KV cache: up to
-`batch` sequences decode together, and a finished one (EOS or `max_new_tokens`) frees its slot
-for the next prompt, prefilled in a separate call, so no row idles on padding (measured here:
-`transformers.generate` with left padding, 1 thread, batch 32: 42 answer tokens/s). Prompts are
-rendered by the target's chat template (`transformers`' Jinja renderer on the target's
-`tokenizer_config.json`) and answered at temperature 0.7, top-p 0.95 (the served setting). The
-raw logits of each decoding step are the target's distribution at that answer position: their
-top `keep` (64) values and ids are saved, the distillation target, with no second pass. Raw
-completion prompts (`RAW_KINDS`) are tokenized as they are, with no template.
+directory in the served default precision, `avspec.runtime.precision.auto_dtype`: bf16 where
+the CPU multiplies it natively, else float32) with continuous batching over its ragged KV
+cache: up to `batch` sequences decode together, and a finished one (EOS or `max_new_tokens`)
+frees its slot for the next prompt, prefilled in a separate call, so no row idles on padding
+(measured here: `transformers.generate` with left padding, 1 thread, batch 32: 42 answer
+tokens/s). Prompts are rendered by the target's chat template (`transformers`' Jinja renderer
+on the target's `tokenizer_config.json`) and answered at temperature 0.7, top-p 0.95 (the
+served setting). The raw logits of each decoding step are the target's distribution at that
+answer position: their top `keep` (64) values and ids are saved, the distillation target, with
+no second pass. Raw completion prompts (`RAW_KINDS`) are tokenized as they are, with no template.
 
 Prompts are answered a chunk at a time; each chunk is one file `chunk_<index>.pt` (or another
 prefix: `chunk_self_<index>.pt` for the self prompts, `chunk_raw_<index>.pt` for the raw ones)
@@ -32,6 +33,7 @@ import torch
 from tqdm import tqdm
 
 from avspec.runtime.model_dir import load_model, load_tokenizer
+from avspec.runtime.precision import auto_dtype
 from avspec.runtime.transformer import Transformer
 from avspec.tools.draft.prompts import RAW_KINDS, ChatPrompt
 from avspec.tools.training.evaluate import warp
@@ -159,7 +161,7 @@ def generate_chunks(
     renderer = chat_renderer(target_dir)
     eos = load_tokenizer(target_dir).eos_ids
     context = MAX_PROMPT_TOKENS + max_new_tokens
-    model = load_model(target_dir, dtype=torch.bfloat16, max_length=context)
+    model = load_model(target_dir, dtype=auto_dtype(), max_length=context)
     start, done = time.perf_counter(), 0
     total = sum(min(chunk_size, len(prompts) - i * chunk_size) for i in todo) * max_new_tokens
     bar = tqdm(total=total, desc="target answers (token slots)", file=sys.stderr, mininterval=10.0)

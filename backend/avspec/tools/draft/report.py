@@ -1,7 +1,8 @@
 """The trained draft's held-out report, and the draft written as a Hugging Face directory.
 
 The draft is read from the training checkpoint, measured against the target run live on the
-held-out chunks (`evaluate.exact_acceptance`: the target in bf16, as served), and saved with
+held-out chunks (`evaluate.exact_acceptance`: the target in the served
+default precision, `auto_dtype`), and saved with
 `avspec.runtime.hf_checkpoint.save_hf_model` in bf16 with the target's tokenizer files (so the
 pair check sees one tokenizer). A draft trained with a reduced vocabulary is measured as served
 (`evaluate.served_draft`). A target-layers draft (its embedding the target's, frozen) is also
@@ -21,6 +22,7 @@ import torch
 from avspec.engine.draft_vocab import DraftVocab
 from avspec.runtime.hf_checkpoint import save_hf_model
 from avspec.runtime.model_dir import load_model
+from avspec.runtime.precision import auto_dtype
 from avspec.runtime.transformer import Transformer
 from avspec.tools.draft.data import RAW_HELDOUT
 from avspec.tools.draft.evaluate import (
@@ -56,7 +58,8 @@ def write_report(target_dir: Path | str, work: Path | str, out: Path | str | Non
     """Measure the checkpoint's draft on the held-out chunks; save it to `out` (if given) as a
     bf16 `LlamaForCausalLM` directory; write and return the report."""
     work = Path(work)
-    target = load_model(target_dir, dtype=torch.bfloat16, max_length=1024)
+    dtype = auto_dtype()
+    target = load_model(target_dir, dtype=dtype, max_length=1024)
     draft, progress, vocab = load_checkpoint_draft(target, work)
     heldout = load_chunks(work / "heldout")
     served = served_draft(draft, vocab)
@@ -66,7 +69,7 @@ def write_report(target_dir: Path | str, work: Path | str, out: Path | str | Non
         "draft_vocab": None if vocab is None else len(vocab.token_ids),
         "heldout": exact_acceptance(served, target, heldout),
         "acceptance_by_depth": acceptance_by_depth(served, target, heldout),
-        "target_dtype": "bfloat16",
+        "target_dtype": str(dtype).removeprefix("torch."),
     }
     raw = load_chunks(work / RAW_HELDOUT)
     if raw:  # raw completions held out, apart from the chat ones

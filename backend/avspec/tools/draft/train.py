@@ -40,9 +40,16 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from avspec.engine.draft_vocab import DraftVocab
+from avspec.engine.top_p import top_p_filter
 from avspec.runtime.model_dir import load_model
 from avspec.runtime.transformer import Transformer
-from avspec.tools.draft.evaluate import approx_acceptance, load_chunks, served_draft
+from avspec.tools.draft.evaluate import (
+    TEMPERATURE,
+    TOP_P,
+    approx_acceptance,
+    load_chunks,
+    served_draft,
+)
 from avspec.tools.draft.model import DEFAULT_SHAPE, new_draft, skeleton
 
 CHECKPOINT = "checkpoint.pt"
@@ -114,6 +121,37 @@ def top_kl(
     return (log_p.exp() * (log_p.masked_fill(~keep, 0.0) - log_q)).sum(-1).mean()
 
 
+def top_tv(
+    draft_logits: torch.Tensor,
+    top_ids: torch.Tensor,
+    top_logits: torch.Tensor,
+    temperature: float = TEMPERATURE,
+    top_p: float = TOP_P,
+) -> torch.Tensor:
+    """Mean over positions of 1 - sum_v min(p(v), q(v)): one minus the acceptance of speculative
+    sampling, with p the teacher's top-k and q the draft's distribution both warped as served
+    (`temperature`, then the `top_p` nucleus, renormalised). q's nucleus is chosen without
+    gradient (`top_p_filter`'s rule); its kept probabilities carry the gradient. Teacher ids -1
+    and positions with none kept are dropped as in `top_kl`; q's mass at ids outside the
+    teacher's top-k is never accepted (p is taken as 0 there)."""
+    keep = top_ids >= 0
+    scored = keep.any(-1)
+    if not bool(scored.all()):
+        draft_logits, top_ids, top_logits, keep = (
+            t[scored] for t in (draft_logits, top_ids, top_logits, keep)
+        )
+    one = torch.full((len(top_logits), 1, 1), top_p)
+    teacher = torch.softmax(top_logits.float().masked_fill(~keep, float("-inf")) / temperature, -1)
+    p = top_p_filter(teacher[:, None], one)[:, 0]
+    q = torch.softmax(draft_logits.float() / temperature, dim=-1)
+    with torch.no_grad():
+        nucleus = top_p_filter(q.detach()[:, None], one)[:, 0] > 0
+    q = q * nucleus
+    q = q / q.sum(-1, keepdim=True)
+    q_top = q.gather(-1, top_ids.clamp(min=0).long()).masked_fill(~keep, 0.0)
+    return 1.0 - torch.minimum(p, q_top).sum(-1).mean()
+
+
 def kept_slots(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[vocab_size] int64: each id's index among the kept `token_ids`, -1 for the rest."""
     slots = torch.full((vocab_size,), -1, dtype=torch.long)
@@ -132,12 +170,15 @@ def train_draft(
     shape: dict | None = None,
     vocab: DraftVocab | None = None,
     init_from: Path | str | None = None,
+    tv_weight: float = 0.0,
 ) -> Transformer:
     """Train (or resume) the draft for `minutes` of wall time in all; returns it in eval mode.
 
     A new run takes `shape` (default `DEFAULT_SHAPE`) and `vocab` (None: the whole vocabulary);
     a resumed one keeps its checkpoint's, and refuses a different `vocab`. `init_from`: a new
-    run starts from that draft directory's weights (a fine-tune; they must load into `shape`)."""
+    run starts from that draft directory's weights (a fine-tune; they must load into `shape`).
+    `tv_weight` > 0 adds `tv_weight * top_tv` to the KL: the acceptance at the served sampling
+    setting, optimised directly."""
     work = Path(work)
     path = work / CHECKPOINT
     target = load_model(target_dir, max_length=1024)
@@ -183,6 +224,8 @@ def train_draft(
                 top_ids = slots[top_ids]
             top_logits = torch.cat([s["top_logits"] for s in batch])
             loss = top_kl(logits, top_ids, top_logits)
+            if tv_weight > 0:
+                loss = loss + tv_weight * top_tv(logits, top_ids, top_logits)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)

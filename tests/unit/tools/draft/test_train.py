@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
+from avspec.tools.draft.evaluate import TEMPERATURE, TOP_P
 from avspec.tools.draft.model import new_draft, skeleton, svd_embedding, target_layers_draft
 from avspec.tools.draft.prompts import KINDS, build_prompts
-from avspec.tools.draft.train import answer_logits, kept_slots, top_kl
+from avspec.tools.draft.train import answer_logits, kept_slots, top_kl, top_tv
 from avspec.tools.training.corpus import TOPICS_PREFIX
+from avspec.tools.training.evaluate import warp
 
 CONFIG = TransformerConfig(
     num_layers=1, width=32, num_heads=2, vocab_size=40, max_length=64, mlp="swiglu", norm_eps=1e-5
@@ -29,6 +31,41 @@ def test_top_kl_is_zero_only_for_the_teacher():
     assert top_kl(exact, ids, values).abs() < 1e-5
     assert top_kl(teacher, ids, values) > 1e-3  # mass outside the top 8 is penalised
     assert top_kl(torch.randn(6, 40, generator=gen), ids, values) > 0.1
+
+
+def test_top_tv_is_one_minus_the_served_acceptance():
+    """Against `warp` (the served warp, also the report's), p from the teacher's top 8; ids -1
+    are dropped. A variant warping at temperature 1 differs, so the temperature is checked."""
+    gen = torch.Generator().manual_seed(1)
+    teacher = torch.randn(6, 40, generator=gen) * 3
+    draft = torch.randn(6, 40, generator=gen) * 2
+    values, ids = teacher.topk(8, dim=-1)
+    p = warp(torch.full_like(teacher, float("-inf")).scatter(-1, ids, values), TEMPERATURE, TOP_P)
+    accept = torch.minimum(p, warp(draft, TEMPERATURE, TOP_P)).sum(-1).mean()
+    assert top_tv(draft, ids, values).item() == pytest.approx(1 - accept.item(), abs=1e-6)
+    assert abs(top_tv(draft, ids, values, temperature=1.0).item() - (1 - accept.item())) > 1e-3
+    exact = torch.full_like(teacher, -1e9).scatter(-1, ids, values)
+    assert top_tv(exact, ids, values).abs() < 1e-5
+    dropped = ids.clone()
+    dropped[0] = -1  # a position with no kept teacher id is left out
+    rest = top_tv(draft[1:], ids[1:], values[1:])
+    assert top_tv(draft, dropped, values).item() == pytest.approx(rest.item(), abs=1e-6)
+
+
+def test_top_tv_gradient_raises_the_acceptance():
+    """From a random draft (acceptance 0.07) plain gradient steps on top_tv reach 0.6: not 1,
+    since ids outside q's nucleus get no gradient (training adds it to the KL, which reaches
+    them)."""
+    gen = torch.Generator().manual_seed(2)
+    values, ids = (torch.randn(4, 40, generator=gen) * 3).topk(8, dim=-1)
+    draft = torch.randn(4, 40, generator=gen).requires_grad_()
+    before = top_tv(draft, ids, values).item()
+    optimizer = torch.optim.SGD([draft], lr=20.0)
+    for _ in range(100):
+        optimizer.zero_grad()
+        top_tv(draft, ids, values).backward()
+        optimizer.step()
+    assert before > 0.9 and top_tv(draft, ids, values).item() < 0.5
 
 
 def test_answer_logits_are_the_dense_logits_at_answer_positions():
