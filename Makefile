@@ -120,7 +120,9 @@ costs: models/target/config.json models/draft/model.safetensors ## re-measure th
 # to build/draft-base). The second, a fine-tune from it: 1,024 raw code and prose prefixes the
 # target continues without the chat template (how raw prompts are served: the code workload)
 # beside 1,024 of the chat prompts again (build/draft-smollm2-raw). Both resumable, one thread per
-# job, at low priority; writes models/draft (draft_layers.safetensors is what git keeps), its card.
+# job, at low priority; each run ends with its training minutes (a data phase still answering is
+# stopped, its chunks kept: on a slow host the draft sees less data, never more time); writes
+# models/draft (draft_layers.safetensors is what git keeps), its card.
 DRAFT_MINUTES ?= 65
 FINETUNE_MINUTES ?= 30
 DRAFT_ARGS = --target models/target --target-layers 0,1,2 --threads 1 \

@@ -5,7 +5,9 @@
 
 Phases (`--only` runs one; without it all four run, training beside the data: `data` goes on in
 a second process while `train` starts on the first chunk and re-lists the chunks every pass,
-which is how the committed draft was made and keeps `make draft` inside two hours on two cores):
+which is how the committed draft was made and keeps `make draft` inside two hours on two cores:
+when training's `--minutes` are spent, a data phase still answering is stopped, its finished
+chunks kept):
 `data` (held-out then train prompts answered by the target, chunk files under `<work>/heldout`
 and `<work>/train`, with `--raw-prompts N` also N raw code and prose prefixes continued without
 the chat template (`chunk_raw_*.pt`); then, with `--self-prompts N`, N user messages the target
@@ -97,6 +99,22 @@ def _wait_for_chunk(train_dir: Path, data: multiprocessing.process.BaseProcess) 
         time.sleep(10)
 
 
+def _end_data_phase(data: multiprocessing.process.BaseProcess) -> None:
+    """After training: a data phase still answering is stopped, since nothing would train on
+    what it writes next (its finished chunks stay; `--only data` resumes at the first missing
+    one), so training's wall time bounds the run on a slow host; one that ended by itself
+    must have succeeded."""
+    if data.is_alive():
+        print("training is done: stopping the data phase (`--only data` resumes it)",
+              file=sys.stderr)  # fmt: skip
+        data.terminate()
+        data.join()
+        return
+    data.join()
+    if data.exitcode != 0:
+        raise SystemExit(f"the data phase failed (exit code {data.exitcode})")
+
+
 def training_vocab(path: Path | None, out: Path, target: Path) -> DraftVocab | None:
     """The map the draft trains over: `path`, else `<out>/draft_vocab.json` when it exists."""
     path = path if path is not None else out / DRAFT_VOCAB_FILE
@@ -127,9 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             init_from=args.init_from, tv_weight=args.tv_weight,
         )  # fmt: skip
     if data is not None:
-        data.join()
-        if data.exitcode != 0:
-            raise SystemExit(f"the data phase failed (exit code {data.exitcode})")
+        _end_data_phase(data)
     if args.only in (None, "report"):
         from avspec.tools.draft.report import write_report
 

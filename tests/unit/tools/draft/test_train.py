@@ -197,11 +197,17 @@ def test_top_kl_over_a_reduced_vocabulary_drops_the_teacher_outside_it():
 
 
 class _Process:
-    def __init__(self, alive: bool) -> None:
-        self.alive = alive
+    def __init__(self, alive: bool, exitcode: int | None = None) -> None:
+        self.alive, self.exitcode, self.terminated = alive, exitcode, False
 
     def is_alive(self) -> bool:
         return self.alive
+
+    def terminate(self) -> None:
+        self.terminated, self.alive, self.exitcode = True, False, -15
+
+    def join(self) -> None:
+        pass
 
 
 def test_training_waits_for_a_chunk_and_not_for_a_dead_data_phase(tmp_path):
@@ -287,3 +293,16 @@ def test_a_new_run_can_start_from_a_draft_directory(tmp_path, monkeypatch):
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match=r"blocks\.2\..* is nothing"):
         train_module.initial_weights(tmp_path, target_layers_draft(target, [0, 1, 2]))
+
+
+def test_a_data_phase_still_running_after_training_is_stopped_and_a_failed_one_reported():
+    from avspec.tools.draft.__main__ import _end_data_phase
+
+    running = _Process(alive=True)
+    _end_data_phase(running)  # stopped (exit code -15) without an error
+    assert running.terminated
+    finished = _Process(alive=False, exitcode=0)
+    _end_data_phase(finished)
+    assert not finished.terminated
+    with pytest.raises(SystemExit, match="exit code 1"):
+        _end_data_phase(_Process(alive=False, exitcode=1))
