@@ -104,6 +104,18 @@ def answer_logits(
     return model.subset_logits(x[mask], model.embed.weight[rows]), mask
 
 
+def _scored(
+    draft_logits: torch.Tensor, top_ids: torch.Tensor, top_logits: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(draft_logits, top_ids, top_logits, keep) at the positions with a kept teacher id;
+    `keep` [positions, k] marks the teacher entries whose id is not -1."""
+    keep = top_ids >= 0
+    scored = keep.any(-1)
+    if bool(scored.all()):
+        return draft_logits, top_ids, top_logits, keep
+    return draft_logits[scored], top_ids[scored], top_logits[scored], keep[scored]
+
+
 def top_kl(
     draft_logits: torch.Tensor, top_ids: torch.Tensor, top_logits: torch.Tensor
 ) -> torch.Tensor:
@@ -112,12 +124,7 @@ def top_kl(
     `kept_slots`) are dropped before renormalising; a position with none left is dropped before
     anything is computed on it (its p would be 0/0, and NaN reaches the gradient even through
     a `where` that discards it)."""
-    keep = top_ids >= 0
-    scored = keep.any(-1)
-    if not bool(scored.all()):
-        draft_logits, top_ids, top_logits, keep = (
-            t[scored] for t in (draft_logits, top_ids, top_logits, keep)
-        )
+    draft_logits, top_ids, top_logits, keep = _scored(draft_logits, top_ids, top_logits)
     log_p = F.log_softmax(top_logits.float().masked_fill(~keep, float("-inf")), dim=-1)
     log_q = F.log_softmax(draft_logits, dim=-1).gather(-1, top_ids.clamp(min=0).long())
     # p = 0 at a dropped entry; its log p is set to 0 so that 0 * (log p - log q) stays 0
@@ -137,12 +144,7 @@ def top_tv(
     gradient (`top_p_filter`'s rule); its kept probabilities carry the gradient. Teacher ids -1
     and positions with none kept are dropped as in `top_kl`; q's mass at ids outside the
     teacher's top-k is never accepted (p is taken as 0 there)."""
-    keep = top_ids >= 0
-    scored = keep.any(-1)
-    if not bool(scored.all()):
-        draft_logits, top_ids, top_logits, keep = (
-            t[scored] for t in (draft_logits, top_ids, top_logits, keep)
-        )
+    draft_logits, top_ids, top_logits, keep = _scored(draft_logits, top_ids, top_logits)
     one = torch.full((len(top_logits), 1, 1), top_p)
     teacher = torch.softmax(top_logits.float().masked_fill(~keep, float("-inf")) / temperature, -1)
     p = top_p_filter(teacher[:, None], one)[:, 0]
