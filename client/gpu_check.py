@@ -5,8 +5,8 @@ Three checks, one call (a few minutes on a GPU; plain torch with CUDA, no Tensor
 
 1. sync: AdaptiveVerifier.step (check_values=False, seq ids on the CPU, refits included, every
    row drafting adaptively: the budget, the next step's drafting plan and the stale rows) runs
-   under torch.cuda.set_sync_debug_mode("error"): any host synchronisation in the per-step path
-   raises, and the check prints the avspec frames that caused it and fails.
+   under torch.cuda.set_sync_debug_mode("warn"): every host synchronisation in the per-step
+   path is recorded with the avspec frames that caused it, and the check fails if there is any.
 2. verifier throughput: median ms per verifier step at --batch (default 64) and K drafts.
 3. pipeline throughput: the in-process speculative step (draft -> verifier -> target stand-in,
    avspec.engine.step) on random-weight models at --batch, in tokens/s, every row drafting by
@@ -26,6 +26,7 @@ import json
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -125,7 +126,7 @@ def verifier_steps(
 
 
 def check_sync(batch: int, k: int, device: torch.device, steps: int) -> dict:
-    """Run verifier steps (refits included) under the CUDA sync debug mode 'error'."""
+    """Run verifier steps (refits included) under the CUDA sync debug mode 'warn'."""
     if device.type != "cuda":
         return {"status": "skipped", "reason": f"no CUDA device (ran on {device})"}
     one_step = verifier_steps(batch, k, device, steps, refit_interval=5)
@@ -135,24 +136,60 @@ def check_sync(batch: int, k: int, device: torch.device, steps: int) -> dict:
     return run_under_sync_debug(one_step, steps, torch.cuda.set_sync_debug_mode)
 
 
+SYNC_MESSAGE = "called a synchronizing CUDA operation"  # torch's, in either mode
+
+
 def run_under_sync_debug(
     one_step: Callable[[], None], steps: int, set_mode: Callable[[int | str], None]
 ) -> dict:
-    """Call one_step `steps` times with the sync debug mode at 'error'; report the first sync."""
-    set_mode("error")
-    try:
-        for _ in range(steps):
-            one_step()
-    except RuntimeError as err:
-        frames = [
-            f"{Path(f.filename).name}:{f.lineno} {f.name}: {f.line}"
-            for f in traceback.extract_tb(err.__traceback__)
-            if "avspec" in f.filename
-        ]
-        return {"status": "failed", "error": str(err).splitlines()[0], "frames": frames}
-    finally:
-        set_mode(0)
-    return {"status": "passed", "steps": steps}
+    """Call one_step `steps` times with the sync debug mode at 'warn'; report every distinct
+    host sync (the avspec frames that led to it, and how often), not only the first.
+
+    torch reports a sync in 'warn' mode as a Python warning raised inside the op, so the stack
+    at the warning holds the avspec line that asked for it. A RuntimeError (a failed step, or a
+    stand-in raising in the manner of mode 'error') ends the loop and is reported the same way.
+    """
+    sites: dict[tuple[str, ...], int] = {}
+    first: list[str] = []
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+        if SYNC_MESSAGE not in str(message):  # e.g. torch's note that the mode is a prototype
+            return
+        first.append(str(message).splitlines()[0])
+        frames = _avspec_frames(traceback.extract_stack()[:-1])
+        sites[frames] = sites.get(frames, 0) + 1
+
+    error = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        set_mode("warn")
+        try:
+            for _ in range(steps):
+                one_step()
+        except RuntimeError as err:
+            error = str(err).splitlines()[0]
+            frames = _avspec_frames(traceback.extract_tb(err.__traceback__))
+            sites[frames] = sites.get(frames, 0) + 1
+        finally:
+            set_mode(0)
+    if not sites:
+        return {"status": "passed", "steps": steps}
+    return {
+        "status": "failed",
+        "error": first[0] if first else error,
+        "frames": list(next(iter(sites))),
+        "sites": [{"frames": list(f), "count": n} for f, n in sites.items()],
+    }
+
+
+def _avspec_frames(frames: traceback.StackSummary) -> tuple[str, ...]:
+    """`file:line function: code` of the avspec frames among `frames`, outermost first."""
+    return tuple(
+        f"{Path(f.filename).name}:{f.lineno} {f.name}: {f.line}"
+        for f in frames
+        if "avspec" in f.filename
+    )
 
 
 def bench_verifier(batch: int, k: int, device: torch.device, repeats: int) -> dict:

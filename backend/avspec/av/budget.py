@@ -100,7 +100,7 @@ def plan_step(
     full_rows[:1] = 0
     # The pending-token pass is priced on the host: a device tensor built from a Python number
     # would be a blocking host-to-device copy on CUDA.
-    pending_ms = float(cost.draft_pass(float(base_tokens))) if int(base_tokens) > 0 else 0.0
+    pending_ms = cost.draft_pass.at(base_tokens) if int(base_tokens) > 0 else 0.0
     rows_ms = cost.verify_row_ms * batch  # every row runs through the target
     fixed_ms = cost.overhead_ms + pending_ms + rows_ms + cost.pass_ms(full_rows).sum()
 
@@ -134,14 +134,18 @@ def plan_step(
     deepest = torch.where(admitted, pos + 1, 0)  # 1 + position of each admitted draft
     depth = deepest.max() if deepest.numel() else pos.new_zeros(())
     drafters = drafter.sum()
-    rate = ratio[budget]
+    # take, not [budget]: indexing by a 0-dim tensor reads it on the host (a CUDA sync, seen on
+    # an H200 by client/gpu_check.py)
+    rate = ratio.take(budget)
     # ms per admitted draft on average (passes opened and verify-cost steps included), so a
     # staircase table does not make the next step's slope the price of every draft; with
     # nothing admitted, the marginal ms of the first draft.
     first = (
         cost.draft_pass.slope(drafters.clamp_min(1)).double() + cost.verify.slope(tokens).double()
     )
-    average = (millis[budget] - millis[0]) / budget.clamp_min(1)
+    average = (millis.take(budget) - millis[0]) / budget.clamp_min(1)
     marginal = torch.where(budget > 0, average, first)
     threshold = (rate * marginal).clamp(0.0, 1.0)
-    return StepPlan(budget, depth.long(), threshold, expected[budget], millis[budget], millis[0])
+    return StepPlan(
+        budget, depth.long(), threshold, expected.take(budget), millis.take(budget), millis[0]
+    )

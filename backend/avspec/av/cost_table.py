@@ -74,7 +74,8 @@ class CostTable:
         xs, ys, slopes = self._tables(size.device)
         size = size.to(torch.float64)
         segment = self._segment(xs, size)
-        cost = ys[segment] + (size - xs[segment]) * slopes[segment]
+        # take, not [segment]: indexing by a 0-dim tensor reads it on the host (a CUDA sync)
+        cost = ys.take(segment) + (size - xs.take(segment)) * slopes.take(segment)
         cost = torch.where(size < xs[0], ys[0], cost)
         return cost.float()
 
@@ -92,7 +93,7 @@ class CostTable:
         """Marginal ms per unit at `size` (float64): the slope of the segment `size` falls in."""
         size = torch.as_tensor(size)
         xs, _, slopes = self._tables(size.device)
-        return slopes[self._segment(xs, size.to(torch.float64))]
+        return slopes.take(self._segment(xs, size.to(torch.float64)))
 
     def _segment(self, xs: torch.Tensor, size: torch.Tensor) -> torch.Tensor:
         """Index of the segment [xs[i], xs[i + 1]) each size falls in (first/last outside)."""

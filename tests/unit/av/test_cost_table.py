@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from avspec.av.cost_table import CostTable
 from avspec.av.isotonic import isotonic
@@ -193,3 +194,32 @@ def test_at_matches_call(seed):
     probes = [rng.uniform(-5.0, 800.0) for _ in range(50)] + [float(s) for s in sizes]
     want = table(torch.tensor(probes, dtype=torch.float64)).double().tolist()
     assert [table.at(p) for p in probes] == pytest.approx(want, rel=1e-6, abs=1e-5)
+
+
+class _HostReads(TorchDispatchMode):
+    """Records reads of a tensor's value on the host (`.item()`, or indexing by a 0-dim tensor):
+    a blocking sync when the tensor lives on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.reads += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_0_dim_size_is_priced_without_reading_it_on_the_host():
+    """The budget prices 0-dim device tensors (a batch's row count): cost and slope must stay on
+    the device (on an H200 `ys[segment]` with a 0-dim segment was a sync every step). Broken
+    variant: the same lookup by Python indexing reads the segment on the host."""
+    table = CostTable([0.0, 10.0, 20.0], [1.0, 2.0, 5.0])
+    size = torch.tensor(15.0)
+    with _HostReads() as mode:
+        cost, slope = table(size), table.slope(size)
+    assert mode.reads == 0
+    assert cost.shape == () and float(cost) == pytest.approx(3.5) and float(slope) == 0.3
+    xs, ys, _ = table._tables(size.device)
+    with _HostReads() as broken:
+        _ = ys[table._segment(xs, size.double())]
+    assert broken.reads == 1

@@ -21,9 +21,15 @@ same 2,048 requests and thresholds: the law must pass (p > 1e-4), and two broken
 verifying against a q other than the drafts' (q of the whole vocabulary reported for drafts drawn
 from the map; each drawn index mapped one id too high, q reported for the intended ids), must
 be rejected (p < 1e-6).
+
+`AVSPEC_TEST_DEVICE=cuda` runs the stages on a GPU (the target stage's one-pass verification,
+the CUDA path; the CPU walks depth by depth); the exact law is computed on the CPU either way.
 """
 
 from __future__ import annotations
+
+import os
+import traceback
 
 import pytest
 import torch
@@ -47,6 +53,7 @@ NO_EOS = 10_000  # the tiny models' vocabulary has no EOS: requests always get t
 PASS, FAIL = 1e-4, 1e-6
 VOCAB = 257  # the tiny models'
 KEPT = [t for t in range(VOCAB) if t % 5 != 4]  # the reduced draft vocabulary: 206 ids
+DEVICE = torch.device(os.environ.get("AVSPEC_TEST_DEVICE", "cpu"))
 
 
 def _pair():
@@ -58,8 +65,16 @@ def _pair():
 def _build(target, draft, draft_top_k: int = 0) -> SpeculativeStep:
     cost = StepCost.linear(0.1, 0.01, 1.0, 0.05, max_rows=128, max_tokens=2048)
     return SpeculativeStep.from_models(
-        target, draft, K, BATCH + 4, 32, cost=cost, draft_top_k=draft_top_k
-    )
+        _on_device(target), _on_device(draft), K, BATCH + 4, 32, DEVICE, cost,
+        draft_top_k=draft_top_k,
+    )  # fmt: skip
+
+
+def _on_device(model):
+    """A copy of `model` on DEVICE (the CPU model stays for the exact law)."""
+    copy = type(model)(model.config).double().eval()
+    copy.load_state_dict(model.state_dict())
+    return copy.to(DEVICE)
 
 
 def _sample(step_fn, seed_base: int, drafting: bool = True) -> torch.Tensor:
@@ -74,7 +89,7 @@ def _sample(step_fn, seed_base: int, drafting: bool = True) -> torch.Tensor:
         )  # fmt: skip
         scheduler.submit(request, lambda r, i=i: tokens[i].extend(r.new_tokens), errors.append)
     scheduler.run_until_idle()
-    assert not errors, errors[0]
+    assert not errors, "".join(traceback.format_exception(errors[0]))
     pairs = torch.tensor([t[:2] for t in tokens])  # [requests, 2]
     vocab = step_fn_vocab(step_fn)
     return torch.bincount(pairs[:, 0] * vocab + pairs[:, 1], minlength=vocab * vocab).view(
@@ -124,7 +139,7 @@ class _Counted:
 
         def counting_draft(inputs: StepInputs) -> DraftOutput:
             out = draft(inputs)
-            self.stopped += int((inputs.num_draft_tokens - out.num_drafted).sum())
+            self.stopped += int((inputs.num_draft_tokens - out.num_drafted.cpu()).sum())
             return out
 
         step.draft = counting_draft
@@ -142,13 +157,14 @@ class _WrongQ(_Counted):
     def __call__(self, inputs: StepInputs) -> StepOutputs:
         step = self.step
         drafted = step.draft(inputs)
+        device = drafted.draft_features.device
         decision = step.verifier.step(
             VerifierInputs(
                 inputs.seq_ids,
                 drafted.draft_features,
-                inputs.num_draft_tokens,
-                inputs.adaptive,
-                inputs.prev_num_accepted,
+                inputs.num_draft_tokens.to(device),
+                inputs.adaptive.to(device),
+                inputs.prev_num_accepted.to(device),
                 inputs.release_seq_ids,
                 int((inputs.input_lengths - inputs.reusable).sum()),
             )  # fmt: skip
@@ -169,7 +185,7 @@ class _ReportsFullVocabulary(DraftStage):
         self, position: int, draw: _Draw, logits: torch.Tensor, out: DraftOutput, drafting
     ) -> torch.Tensor:
         features = super()._draft_position(position, draw, logits, out, drafting)
-        full = self.full_logits if position else self.full_logits[draw.index]
+        full = self.full_logits  # [rows of draw, vocab] at every position
         q = draft_warp(self.mask_vocab(full[:, None].clone()), draw.temperature, draw.top_p,
                        self.top_k)[:, 0]  # fmt: skip
         out.draft_probs[draw.index, position] = q[:, : self.vocab_width]
@@ -187,7 +203,7 @@ class _MisplacedScatter(DraftStage):
 def _with_map(step: SpeculativeStep, stage: type[DraftStage] = DraftStage) -> SpeculativeStep:
     """`step` with its draft stage replaced by one on the reduced vocabulary KEPT."""
     draft = step.draft.model
-    step.draft = stage(draft, draft.new_cache(BATCH + 4, 32), K,
+    step.draft = stage(draft, draft.new_cache(BATCH + 4, 32, DEVICE), K,
                        draft_vocab=DraftVocab.of(KEPT, VOCAB))  # fmt: skip
     return step
 
@@ -234,7 +250,7 @@ def test_a_reduced_draft_vocabulary_keeps_the_target_law():
     counts = _sample(step, seed_base=0, drafting=True)
     assert 0 < step.verified < 0.9 * step.drafted
     outside = torch.tensor([t % 5 == 4 for t in range(VOCAB)])
-    assert not outside[torch.cat(drafted).long()].any()  # never drafted outside the map
+    assert not outside[torch.cat(drafted).long().cpu()].any()  # never drafted outside the map
     assert counts[outside].sum() > 0.4 * REQUESTS  # but the target emits them
     assert _p_value(counts, _exact_law(target)) > PASS
 
