@@ -40,6 +40,10 @@ clean: ## remove .venv and pytest's cache
 # Admin APIs (model control, repository, config, stats, logging, trace) stay closed unless
 # ADMIN_KEY_FILE (or AVSPEC_ADMIN_KEY in the environment) gives the operator's key.
 ADMIN_KEY_FILE ?=
+# API_KEY_FILE (or AVSPEC_API_KEYS) makes inference need `Authorization: Bearer KEY`, each key its
+# own client for fairness; ALLOWED_HOSTS names the Host values answered besides IPs and localhost.
+API_KEY_FILE ?=
+ALLOWED_HOSTS ?=
 # The pair to serve: Hugging Face checkpoint directories or Llama GGUF files (converted once,
 # cached under build/gguf-cache by the file's sha256), checked and described by the launcher
 # before tritonserver starts. The default target, SmolLM2-135M-Instruct, is not in git:
@@ -54,6 +58,8 @@ serve: $(STAMP) $(if $(filter models/target,$(TARGET_MODEL)),models/target/confi
 		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		$(if $(ADMIN_KEY_FILE),--admin-key-file $(ADMIN_KEY_FILE)) \
+		$(if $(API_KEY_FILE),--api-key-file $(API_KEY_FILE)) \
+		$(if $(ALLOWED_HOSTS),--allowed-hosts $(ALLOWED_HOSTS)) \
 		$(if $(TARGET_DTYPE),--target-dtype $(TARGET_DTYPE)) \
 		$(if $(DRAFT_DTYPE),--draft-dtype $(DRAFT_DTYPE))
 

@@ -18,6 +18,7 @@ import openai
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from avspec.serving.front import Front, FrontConfig
+from avspec.serving.front.config import Access
 
 ADMIN_KEY = "operator-key-456"
 INTERNAL_MODELS = ("draft", "verifier", "target", "speculative_step")
@@ -108,7 +109,7 @@ def make_handler(fake: FakeHttp) -> type[BaseHTTPRequestHandler]:
                 mode = None
             if isinstance(mode, str) and "blocks:" in mode and path_streams(self.path):
                 spec = mode[mode.index("blocks:") + len("blocks:") :].partition("|")[0]
-                self._blocks(spec, json.loads(body)["max_tokens"])
+                self._blocks(spec, json.loads(body)["max_tokens"], prompt_count(mode))
             elif mode == "stall":
                 self._stall()
             elif isinstance(mode, str) and mode.startswith("error:"):
@@ -133,8 +134,9 @@ def make_handler(fake: FakeHttp) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload))
 
-        def _blocks(self, spec: str, max_tokens: int) -> None:
-            """The steps of `spec` as the entry streams them (`blocks`)."""
+        def _blocks(self, spec: str, max_tokens: int, prompt_tokens: int) -> None:
+            """The steps of `spec` as the entry streams them (`blocks`), each with the
+            prompt's token count as the entry reports it."""
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Transfer-Encoding", "chunked")
@@ -144,6 +146,8 @@ def make_handler(fake: FakeHttp) -> type[BaseHTTPRequestHandler]:
                     if event is None:  # "~": no more steps until the client goes away
                         self._stall()
                         return
+                    if "error" not in event:
+                        event = {**event, "prompt_tokens": prompt_tokens}
                     data = b"data: " + json.dumps(event).encode() + b"\n\n"
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                     self.wfile.flush()
@@ -182,6 +186,13 @@ def make_handler(fake: FakeHttp) -> type[BaseHTTPRequestHandler]:
 
 def path_streams(path: str) -> bool:
     return path.endswith("/generate_stream")
+
+
+def prompt_count(text: str) -> int:
+    """The prompt's tokens as the entry counts them, on the byte tokenizer."""
+    from helpers.hf_dirs import byte_tokenizer
+
+    return len(byte_tokenizer().encode(text).ids)
 
 
 def blocks(spec: str, max_tokens: int) -> list[dict | None]:
@@ -305,9 +316,14 @@ def front_config(fake_http: FakeHttp, fake_grpc: FakeTriton, **overrides) -> Fro
         upstream_http=f"127.0.0.1:{fake_http.port}",
         upstream_grpc=f"127.0.0.1:{fake_grpc.port}",
         max_body_bytes=MAX_BODY,
+        # the raw requests of the tests name Host "x"
+        access=Access(allowed_hosts=(RAW_HOST,)),
     )
     options.update(overrides)
     return FrontConfig(**options)
+
+
+RAW_HOST = "x"
 
 
 def request(port: int, method: str, path: str, body: object = None, headers: dict | None = None):

@@ -1,6 +1,7 @@
 """The playground page (`/`) in headless Chromium against the real server.
 
-Chromium loads `/?prompt=...`, the page streams the answer from /v1/chat/completions and marks
+Chromium loads `/?prompt=...` (the page fills the box, never sends by itself), the test presses
+send, the page streams the answer from /v1/chat/completions and marks
 each token as an accepted draft or the target's; the DOM it dumps is compared with the same
 request through the official client. The page sets data-state="done" only after `data: [DONE]`,
 so a stream that breaks fails the test. Needs Debian's `chromium` (.ci/run installs it).
@@ -111,6 +112,11 @@ async def _drive(endpoint: str, url: str, screenshot) -> str:
                 return result["result"].get("value", "")
 
             deadline = time.monotonic() + DEADLINE_S
+            while await evaluate("document.readyState") != "complete":
+                assert time.monotonic() < deadline, "the page did not load"
+                await asyncio.sleep(0.1)
+            # the page never sends on its own (a link must not spend compute): press send
+            await evaluate("document.getElementById('ask').requestSubmit()")
             while await evaluate("document.body && document.body.dataset.state") not in (
                 "done",
                 "error",

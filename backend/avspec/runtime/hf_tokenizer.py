@@ -26,7 +26,7 @@ Every problem with a directory raises `TokenizerError` (a `ValueError`) naming t
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,9 @@ class HFTokenizer:
         tokenizer.no_truncation()
         tokenizer.no_padding()
         self._tokenizer = tokenizer
+        # the same pipeline with special-token text encoded as text (`encode`'s plain spans)
+        self._plain = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+        self._plain.encode_special_tokens = True
         self.directory = directory
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         self.vocab_size: int = max(vocab.values(), default=-1) + 1
@@ -158,14 +161,29 @@ class HFTokenizer:
             )
         return cls(tokenizer, eos_ids=eos_ids, bos_id=bos_id, add_bos=add_bos, directory=directory)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, plain: Sequence[tuple[int, int]] = ()) -> list[int]:
         """Token ids of `text`, with BOS first when `add_bos` (no EOS appended).
 
-        Special-token text in `text` (`</s>`) becomes that token, as in `transformers`.
+        Special-token text in `text` (`</s>`) becomes that token, as in `transformers`, except
+        inside the `plain` spans: (start, end) character offsets, ascending and disjoint, whose
+        text is encoded as text (`<|im_end|>` there is its characters' tokens). A chat prompt
+        marks each message's content plain, so only the template places special tokens. Each
+        span is encoded apart from its neighbours (a token never crosses a span's edge).
         """
+        parts, edge = [], 0
+        for start, end in plain:
+            parts += [(text[edge:start], False), (text[start:end], True)]
+            edge = end
+        parts.append((text[edge:], False))
+        parts = [(part, is_plain) for part, is_plain in parts if part]
         # encode_batch releases the GIL while it works (encode holds it): a long prompt
         # tokenized on the entry's worker thread must not stall the scheduler thread
-        ids = self._tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+        encoded: dict[bool, list[tokenizers.Encoding]] = {}
+        for is_plain, tokenizer in ((False, self._tokenizer), (True, self._plain)):
+            texts = [part for part, p in parts if p == is_plain]
+            encoded[is_plain] = tokenizer.encode_batch(texts, add_special_tokens=False)
+        taken = {False: iter(encoded[False]), True: iter(encoded[True])}
+        ids = [i for _, is_plain in parts for i in next(taken[is_plain]).ids]
         return [self.bos_id, *ids] if self.add_bos and self.bos_id is not None else ids
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -240,11 +258,12 @@ class HFIncrementalDecoder:
             return ""
         return self._advance(final=False)
 
-    def flush(self) -> str:
-        """Return whatever is held back (an incomplete character as U+FFFD) and reset."""
+    def flush(self, incomplete: bool = True) -> str:
+        """Return whatever is held back and reset: an incomplete character as U+FFFD, or with
+        `incomplete` False left out (a text cut by a token limit ends with whole characters)."""
         text = self._advance(final=True) if self._read < len(self._ids) else ""
         self._ids, self._read = [], 0
-        return text
+        return text if incomplete else text.rstrip(_REPLACEMENT)
 
     def _advance(self, final: bool) -> str:
         context = self._tokenizer._decode(self._ids[: self._read])

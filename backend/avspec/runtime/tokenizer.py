@@ -12,7 +12,7 @@ bytes of a character whose UTF-8 sequence is not complete yet.
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 
@@ -24,8 +24,9 @@ class StreamDecoder(Protocol):
         """Feed token ids; return the text that is complete so far (possibly "")."""
         ...
 
-    def flush(self) -> str:
-        """Return whatever is held back and reset for a new stream."""
+    def flush(self, incomplete: bool = True) -> str:
+        """Return whatever is held back and reset for a new stream; an incomplete last
+        character as U+FFFD, or with `incomplete` False left out."""
         ...
 
 
@@ -43,8 +44,9 @@ class Tokenizer(Protocol):
         """Ids that end generation: stop on any of them."""
         ...
 
-    def encode(self, text: str) -> list[int]:
-        """Prompt token ids of `text` (with BOS where the model wants one, never EOS)."""
+    def encode(self, text: str, plain: Sequence[tuple[int, int]] = ()) -> list[int]:
+        """Prompt token ids of `text` (with BOS where the model wants one, never EOS); special-
+        token text inside the `plain` (start, end) character spans is encoded as text."""
         ...
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -64,8 +66,9 @@ class ByteTokenizer:
     eos_ids = frozenset({eos_id})
     name = "byte"
 
-    def encode(self, text: str) -> list[int]:
-        """Return the UTF-8 bytes of `text` as token ids (no EOS appended)."""
+    def encode(self, text: str, plain: Sequence[tuple[int, int]] = ()) -> list[int]:
+        """Return the UTF-8 bytes of `text` as token ids (no EOS appended); no text spells a
+        special token here, so `plain` changes nothing."""
         return list(text.encode("utf-8"))
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -88,9 +91,13 @@ class IncrementalDecoder:
         """Feed token ids; return the text of every character completed so far."""
         return self._decoder.decode(_to_bytes(ids, self._eos_id), final=False)
 
-    def flush(self) -> str:
-        """Return whatever is held back (an incomplete character becomes U+FFFD) and reset."""
-        return self._decoder.decode(b"", final=True)
+    def flush(self, incomplete: bool = True) -> str:
+        """Return whatever is held back (an incomplete character becomes U+FFFD, or with
+        `incomplete` False is left out) and reset."""
+        if incomplete:
+            return self._decoder.decode(b"", final=True)
+        self._decoder.reset()
+        return ""
 
 
 def _to_bytes(ids: Iterable[int], eos_id: int) -> bytes:

@@ -54,6 +54,9 @@ DEFAULT_WORKERS = 2
 class RequestSink(Protocol):
     """Where one request's fate goes (the entry model's per-request response sender)."""
 
+    def tokenized(self, prompt_tokens: int) -> None:
+        """The prompt is `prompt_tokens` tokens long (told before the scheduler sees it)."""
+
     def admitted(self, seq_id: int) -> None:
         """The scheduler took the request as sequence `seq_id` (may come after its first step)."""
 
@@ -243,7 +246,8 @@ class EntryIntake:
     def _admit(self, pending: _Pending) -> None:
         prompt, sink = pending.prompt, pending.sink
         try:
-            request = prompt.generation(self.tokenizer.encode(prompt.text))
+            request = prompt.tokenize(self.tokenizer)
+            sink.tokenized(len(request.prompt_ids))
             seq_id = self.scheduler.submit(request, sink.on_step, sink.on_error)
         except Exception as err:  # noqa: BLE001 - every request gets an answer
             _tell(sink.refused, err)

@@ -124,6 +124,9 @@ class EntryClient:
         self.seq_id: int | None = None
         self.closed = False
 
+    def tokenized(self, prompt_tokens: int) -> None:
+        self.stream.prompt_tokens = prompt_tokens
+
     def admitted(self, seq_id: int) -> None:
         self.seq_id = seq_id
 
@@ -167,6 +170,7 @@ def chunk_response(pb: Any, chunk: ResponseChunk) -> Any:
             pb.Tensor("verified_tokens", int32(chunk.verified)),
             pb.Tensor("accepted_tokens", int32(chunk.accepted)),
             pb.Tensor("output_ids", np.array(chunk.output_ids, dtype=np.int32)),
+            pb.Tensor("prompt_tokens", int32(chunk.prompt_tokens)),
         ]
     )
 

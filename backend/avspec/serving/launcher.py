@@ -31,14 +31,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import signal
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from avspec.serving.exposure import ADMIN_KEY_ENV, ADMIN_KEY_HEADER, read_admin_key
+from avspec.serving.exposure import (
+    ADMIN_KEY_ENV,
+    ADMIN_KEY_HEADER,
+    API_KEYS_ENV,
+    read_admin_key,
+    read_api_keys,
+)
+from avspec.serving.front.config import Access
 from avspec.serving.gguf_models import model_directory
 from avspec.serving.model_pair import prepare_pair
 from avspec.serving.repository import SERVING_DTYPES, copy_repository
@@ -97,6 +106,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         help=f"file whose first line opens the admin APIs to clients sending it in header "
         f"'{ADMIN_KEY_HEADER}' (or set {ADMIN_KEY_ENV}); without either they stay closed",
+    )
+    parser.add_argument(
+        "--api-key-file",
+        type=Path,
+        help=f"file of API keys, one a line ('NAME KEY' or 'KEY'; or set {API_KEYS_ENV}, "
+        "comma-separated): inference then needs 'Authorization: Bearer KEY' (401 otherwise) "
+        "and each key is its own client for fairness; without keys the client is its address",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        default="",
+        help="comma-separated Host names the HTTP port answers besides IP addresses and "
+        "localhost (e.g. the name a proxy or DNS gives it); '*' answers any (no DNS-rebinding "
+        "guard)",
+    )
+    parser.add_argument(
+        "--completions-special-tokens",
+        action="store_true",
+        help="let /v1/completions prompts spell special tokens (by default a prompt is text, "
+        "as chat message contents always are)",
     )
     parser.add_argument(
         "--max-body-bytes",
@@ -262,18 +291,18 @@ def _stage_dtypes(args: argparse.Namespace) -> dict[str, str]:
 
 def _serve(args: argparse.Namespace) -> int:
     try:
-        admin_key = _admin_key(args)
+        secrets = _secrets(args)
         user = server_user(args.user) if not os.environ.get(SANDBOXED_ENV) else None
         convert_gguf_models(args)
         if user is not None and args.reexec:
-            _reexec_sandboxed(args, user, admin_key)  # returns only on failure
+            _reexec_sandboxed(args, user, secrets)  # returns only on failure
         elif user is None and os.geteuid() == 0 and not os.environ.get(SANDBOXED_ENV):
             print("avspec: --user root: tritonserver and its stubs run as root", flush=True)
     except (ValueError, OSError, ServerError) as err:
         print(f"avspec: {err}", file=sys.stderr, flush=True)
         return 1
     with tempfile.TemporaryDirectory(prefix="avspec-repository-") as workdir:
-        return _serve_in(args, Path(workdir), admin_key)
+        return _serve_in(args, Path(workdir), secrets)
 
 
 def convert_gguf_models(args: argparse.Namespace) -> None:
@@ -291,22 +320,47 @@ def convert_gguf_models(args: argparse.Namespace) -> None:
             args.argv = [*args.argv, option, str(directory)]
 
 
-def _admin_key(args: argparse.Namespace) -> str | None:
-    """The operator's key: from the sandbox's pipe, else --admin-key-file or AVSPEC_ADMIN_KEY.
+@dataclass(frozen=True)
+class Secrets:
+    """The operator's admin key and the API keys, read once (as root, before the sandbox)."""
 
-    It stays in this process's memory only: the variable is removed from the environment (no
-    child inherits it), and the pipe is read to its end and closed.
+    admin_key: str | None = None
+    api_keys: tuple[tuple[str, str], ...] = ()
+
+
+def _secrets(args: argparse.Namespace) -> Secrets:
+    """The keys: from the sandbox's pipe, else --admin-key-file / AVSPEC_ADMIN_KEY and
+    --api-key-file / AVSPEC_API_KEYS.
+
+    They stay in this process's memory only: the variables are removed from the environment
+    (no child inherits them), and the pipe is read to its end and closed.
     """
     fd = os.environ.pop(ADMIN_KEY_FD_ENV, None)
     if fd is not None:
         with os.fdopen(int(fd), "r") as pipe:
-            return read_admin_key(None, {ADMIN_KEY_ENV: pipe.read()})
-    key = read_admin_key(args.admin_key_file)
+            given = json.loads(pipe.read())
+        admin = given["admin_key"]
+        return Secrets(
+            read_admin_key(None, {ADMIN_KEY_ENV: admin}) if admin else None,
+            tuple((name, key) for name, key in given["api_keys"]),
+        )
+    secrets = Secrets(read_admin_key(args.admin_key_file), read_api_keys(args.api_key_file))
     os.environ.pop(ADMIN_KEY_ENV, None)
-    return key
+    os.environ.pop(API_KEYS_ENV, None)
+    return secrets
 
 
-def _reexec_sandboxed(args: argparse.Namespace, user: ServerUser, admin_key: str | None) -> None:
+def _pipe_secrets(secrets: Secrets) -> int:
+    """An inheritable pipe's read end holding `secrets` (read back by `_secrets`)."""
+    read_end, write_end = os.pipe()
+    given = {"admin_key": secrets.admin_key, "api_keys": [list(k) for k in secrets.api_keys]}
+    os.write(write_end, json.dumps(given).encode())  # within a pipe's buffer (64 KiB)
+    os.close(write_end)
+    os.set_inheritable(read_end, True)
+    return read_end
+
+
+def _reexec_sandboxed(args: argparse.Namespace, user: ServerUser, secrets: Secrets) -> None:
     """Started as root: give `user` its snapshot directories, then execute this launcher again
     inside the sandbox as `user`, with the same arguments and the key in an inherited pipe.
 
@@ -319,19 +373,15 @@ def _reexec_sandboxed(args: argparse.Namespace, user: ServerUser, admin_key: str
     grant_writable(files.writable, user)
     given = (args.draft_model, args.target_model, args.tritonserver, args.backend_directory)
     expose = sandbox_paths(files, Path.cwd(), *(Path(p).resolve() for p in given if p))
-    if admin_key is not None:
-        read_end, write_end = os.pipe()
-        os.write(write_end, admin_key.encode())
-        os.close(write_end)
-        os.set_inheritable(read_end, True)
-        os.environ[ADMIN_KEY_FD_ENV] = str(read_end)
+    if secrets != Secrets():
+        os.environ[ADMIN_KEY_FD_ENV] = str(_pipe_secrets(secrets))
     launcher = [sys.executable, "-m", "avspec.serving.launcher", *args.argv]
     print(f"avspec: dropping root: the server runs as uid {user.uid}, gid {user.gid}", flush=True)
     command = sandbox_command(launcher, user, expose, files.writable)
     os.execv(command[0], command)
 
 
-def _serve_in(args: argparse.Namespace, workdir: Path, admin_key: str | None) -> int:
+def _serve_in(args: argparse.Namespace, workdir: Path, secrets: Secrets) -> int:
     server = None
     try:
         repositories = list(args.model_repository)
@@ -350,7 +400,12 @@ def _serve_in(args: argparse.Namespace, workdir: Path, admin_key: str | None) ->
             ready_timeout_s=args.ready_timeout_secs,
             cpu_threads=args.cpu_threads or None,
             host=args.host,
-            admin_key=admin_key,
+            admin_key=secrets.admin_key,
+            access=Access(
+                api_keys=secrets.api_keys,
+                allowed_hosts=tuple(h.strip() for h in args.allowed_hosts.split(",") if h.strip()),
+                completions_special_tokens=args.completions_special_tokens,
+            ),
             max_body_bytes=args.max_body_bytes,
             tritonserver=args.tritonserver,
             backend_directory=args.backend_directory,
@@ -361,6 +416,9 @@ def _serve_in(args: argparse.Namespace, workdir: Path, admin_key: str | None) ->
         )
         server.start()
         admin = "open with the operator's key" if server.admin_key else "closed"
+        keys = len(secrets.api_keys)
+        if keys:
+            print(f"avspec: inference needs an API key ({keys} configured)", flush=True)
         print(
             f"avspec: serving {len(server.models)} models on {server.host}, "
             f"HTTP :{server.http_port} gRPC :{server.grpc_port} metrics :{server.metrics_port} "

@@ -4,8 +4,9 @@
 max_tokens, temperature, top_p, random_seed, stream, num_draft_tokens, adaptive_verification,
 adaptive_drafting) without tokenizing, raising `RequestError` that names the input: a prompt
 whose bytes cannot fit the context (`avspec.serving.prompt_bound`) is refused before any
-tokenizer sees it. `PromptRequest.generation` then makes the `GenerationRequest` from the
-prompt's token ids (the entry tokenizes off the serving path, avspec.serving.entry);
+tokenizer sees it. `PromptRequest.tokenize` then makes the `GenerationRequest` from the
+prompt's token ids, special-token text inside the `plain_spans` of text_input encoded as text
+(the entry tokenizes off the serving path, avspec.serving.entry);
 `parse_generation_inputs` does both in one call.
 Integer inputs are range-checked as received, before any int32 cast, so a wide value is refused
 rather than wrapped. `parse_client` reads the client identity from the request parameters.
@@ -136,10 +137,17 @@ class PromptRequest:
     text: str
     stream: bool
     settings: GenerationRequest
+    # (start, end) character spans of `text` encoded as plain text (`plain_spans`)
+    plain: tuple[tuple[int, int], ...] = ()
 
     def generation(self, prompt_ids: Sequence[int]) -> GenerationRequest:
         """The request to submit, with the text's token ids as its prompt."""
         return dataclasses.replace(self.settings, prompt_ids=list(prompt_ids))
+
+    def tokenize(self, tokenizer: Tokenizer) -> GenerationRequest:
+        """`generation` of the text's token ids, its plain spans encoded as text."""
+        ids = tokenizer.encode(self.text, self.plain) if self.plain else tokenizer.encode(self.text)
+        return self.generation(ids)
 
 
 def parse_prompt_request(
@@ -190,12 +198,14 @@ def parse_prompt_request(
                 f"left by max_context {params.max_context}, max_tokens {max_tokens} and {k} "
                 f"draft tokens (a token spans at most {bound.token_bytes} {unit})"
             )
+    raw = bytes(text)
     try:
-        text = bytes(text).decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise RequestError("text_input is not valid UTF-8") from None
     if not text:
         raise RequestError("text_input must be a non-empty string")
+    plain = _plain_spans(values.get("plain_spans"), raw)
     temperature = _float(values, "temperature", 1.0)
     if not 0 <= temperature <= MAX_TEMPERATURE:
         raise RequestError(
@@ -223,7 +233,32 @@ def parse_prompt_request(
         adaptive_drafting=params.adaptive_drafting if drafting is None else bool(drafting),
         client=client,
     )
-    return PromptRequest(text, bool(stream) if stream is not None else False, settings)
+    return PromptRequest(text, bool(stream) if stream is not None else False, settings, plain)
+
+
+def _plain_spans(spans: np.ndarray | None, raw: bytes) -> tuple[tuple[int, int], ...]:
+    """`plain_spans` (flat [start, end, ...] UTF-8 byte offsets of text_input, ascending and
+    disjoint, on character boundaries) as character spans; RequestError naming the problem."""
+    if spans is None:
+        return ()
+    flat = np.asarray(spans).reshape(-1)
+    if flat.size % 2 or (flat.size and not np.issubdtype(flat.dtype, np.integer)):
+        raise RequestError("plain_spans must hold pairs of integers [start, end, start, end, ...]")
+    edges = [int(v) for v in flat]
+    if any(b < a for a, b in zip([0, *edges], edges, strict=False)) or (
+        edges and edges[-1] > len(raw)
+    ):
+        raise RequestError(
+            f"plain_spans must be ascending, disjoint byte offsets within text_input's "
+            f"{len(raw)} bytes"
+        )
+    chars = []
+    for edge in edges:
+        try:
+            chars.append(len(raw[:edge].decode("utf-8")))
+        except UnicodeDecodeError:
+            raise RequestError(f"plain_spans offset {edge} splits a UTF-8 character") from None
+    return tuple((a, b) for a, b in zip(chars[::2], chars[1::2], strict=True) if b > a)
 
 
 def parse_generation_inputs(
@@ -236,7 +271,7 @@ def parse_generation_inputs(
     """Return (request, stream) from one request's inputs: `parse_prompt_request`, then the
     text tokenized here (RequestError naming the problem)."""
     prompt = parse_prompt_request(values, params, client, bound)
-    return prompt.generation(tokenizer.encode(prompt.text)), prompt.stream
+    return prompt.tokenize(tokenizer), prompt.stream
 
 
 def _float(values: Mapping[str, np.ndarray | None], name: str, default: float) -> float:
@@ -258,6 +293,7 @@ class ResponseChunk:
     accepted: int
     final: bool
     output_ids: tuple[int, ...] = ()
+    prompt_tokens: int = 0  # the prompt's token count, as tokenized for the request
 
 
 class ResponseStream:
@@ -270,12 +306,14 @@ class ResponseStream:
         self.ids: list[int] = []
         self.drafted = self.verified = self.accepted = 0
         self.finish_reason: str | None = None
+        self.prompt_tokens = 0  # set once the prompt is tokenized (RequestSink.tokenized)
 
     def on_step(self, report: StepReport) -> ResponseChunk | None:
         """Fold in one step; return the chunk to send now (None: nothing to send yet)."""
         text = self.decoder.push(report.new_tokens)
         if report.finished:
-            text += self.decoder.flush()
+            # a text cut by max_tokens ends with whole characters, never U+FFFD
+            text += self.decoder.flush(incomplete=report.finish_reason != "length")
             self.finish_reason = report.finish_reason
         self.parts.append(text)
         self.ids.extend(report.new_tokens)
@@ -285,11 +323,11 @@ class ResponseStream:
         if self.stream:
             return ResponseChunk(
                 text, report.drafted, report.verified, report.accepted, report.finished,
-                tuple(report.new_tokens),
+                tuple(report.new_tokens), self.prompt_tokens,
             )  # fmt: skip
         if report.finished:
             return ResponseChunk(
                 "".join(self.parts), self.drafted, self.verified, self.accepted, True,
-                tuple(self.ids),
+                tuple(self.ids), self.prompt_tokens,
             )  # fmt: skip
         return None

@@ -33,6 +33,7 @@ from types import TracebackType
 
 from avspec.serving.cleanup import clean_leftovers, remove_regions, shm_prefix
 from avspec.serving.front import Front, FrontConfig, generate_schema_from_config
+from avspec.serving.front.config import Access
 from avspec.serving.process_group import kill_group, signals_held, terminate
 from avspec.serving.requests import served_tokenizer_dir
 from avspec.serving.sandbox import (
@@ -73,7 +74,8 @@ class ServerProcess:
 
     http_port, grpc_port and metrics_port are the front's public ports on `host`; tritonserver's
     own HTTP and gRPC are Unix sockets in the run directory (`triton_api`), its metrics a free
-    loopback port. `admin_key`: the operator's key for the admin APIs (None: closed, and no key
+    loopback port. `access`: API keys, Host names and prompt rules of the front (FrontConfig's
+    `Access`). `admin_key`: the operator's key for the admin APIs (None: closed, and no key
     exists). `public_model`: the one model clients may run; its configuration gives the front
     the generate body's schema. `user`: who tritonserver runs as when started by root ("NAME",
     "UID[:GID]", None for avspec.serving.sandbox.DEFAULT_SERVER_USER, "root" to stay root);
@@ -102,6 +104,7 @@ class ServerProcess:
         *,
         host: str = "127.0.0.1",
         admin_key: str | None = None,
+        access: Access | None = None,
         max_body_bytes: int = 1 << 20,
         public_model: str = "speculative",
         supervise: bool = True,
@@ -148,6 +151,7 @@ class ServerProcess:
         self.cpu_threads = cpu_threads
         self.host = host
         self.admin_key = admin_key
+        self.access = access or Access()
         self.max_body_bytes = max_body_bytes
         self.public_model = public_model
         self.supervise = supervise
@@ -344,6 +348,7 @@ class ServerProcess:
                 ready=self.stages_ready,
                 # the OpenAI routes decode and template with the pair's tokenizer (issue 22)
                 tokenizer_dir=served_tokenizer_dir(home / self.public_model),
+                access=self.access,
             )
         ).start()
         self.http_port, self.grpc_port = self.front.http_port, self.front.grpc_port

@@ -48,7 +48,11 @@ class Sink:
     def __init__(self) -> None:
         self.seq_id: int | None = None
         self.refusal: Exception | None = None
+        self.prompt_tokens: int | None = None
         self.done = threading.Event()
+
+    def tokenized(self, prompt_tokens: int) -> None:
+        self.prompt_tokens = prompt_tokens
 
     def admitted(self, seq_id: int) -> None:
         self.seq_id = seq_id
@@ -72,7 +76,7 @@ class GatedTokenizer(ByteTokenizer):
         self.gate = threading.Event()
         self.started: list[str] = []
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, plain=()) -> list[int]:
         self.started.append(text)
         if text.startswith("slow") and not self.gate.wait(WAIT_S):
             raise TimeoutError("gate never opened")

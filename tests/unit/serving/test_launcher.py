@@ -11,7 +11,7 @@ import pytest
 from helpers.gguf_files import TinyLlama, llama_weights, write_llama_gguf
 
 from avspec.serving import launcher
-from avspec.serving.exposure import ADMIN_KEY_ENV
+from avspec.serving.exposure import ADMIN_KEY_ENV, API_KEYS_ENV
 from avspec.serving.restart import RestartBudget
 from avspec.serving.sandbox import SANDBOXED_ENV, ServerUser
 from avspec.serving.server_process import ServerError
@@ -72,13 +72,13 @@ def test_the_key_crosses_the_exec_through_a_pipe_and_leaves_no_trace(
 ) -> None:
     """The sandboxed launcher reads the key from the inherited pipe, closes it, and the
     environment names neither the key nor the pipe afterwards."""
-    read_end, write_end = os.pipe()
-    os.write(write_end, KEY.encode())
-    os.close(write_end)
+    given = launcher.Secrets(KEY, (("alice", "alice-key-0123"),))
+    read_end = launcher._pipe_secrets(given)
     monkeypatch.setenv(launcher.ADMIN_KEY_FD_ENV, str(read_end))
     monkeypatch.setenv(ADMIN_KEY_ENV, "ignored-because-the-pipe-wins-0123")
+    monkeypatch.setenv(API_KEYS_ENV, "ignored-because-the-pipe-wins")
     args = launcher.parse_args(["--model-repository", "x"])
-    assert launcher._admin_key(args) == KEY
+    assert launcher._secrets(args) == given
     assert launcher.ADMIN_KEY_FD_ENV not in os.environ
     with pytest.raises(OSError):
         os.fstat(read_end)  # closed
@@ -87,8 +87,11 @@ def test_the_key_crosses_the_exec_through_a_pipe_and_leaves_no_trace(
 def test_the_key_variable_is_removed_once_read(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(launcher.ADMIN_KEY_FD_ENV, raising=False)
     monkeypatch.setenv(ADMIN_KEY_ENV, KEY)
-    assert launcher._admin_key(launcher.parse_args(["--model-repository", "x"])) == KEY
-    assert ADMIN_KEY_ENV not in os.environ  # no child inherits it
+    monkeypatch.setenv(API_KEYS_ENV, "alice alice-key-0123, bob-key-4567")
+    secrets = launcher._secrets(launcher.parse_args(["--model-repository", "x"]))
+    assert secrets.admin_key == KEY and secrets.api_keys[0] == ("alice", "alice-key-0123")
+    assert secrets.api_keys[1][1] == "bob-key-4567"  # named by its hash's start
+    assert ADMIN_KEY_ENV not in os.environ and API_KEYS_ENV not in os.environ
 
 
 def _tiny_gguf(path: Path, architecture: str = "llama") -> Path:

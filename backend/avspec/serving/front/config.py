@@ -13,6 +13,38 @@ _HEADER_SAFE = re.compile(r"[\x21-\x7e]+")
 
 
 @dataclass(frozen=True)
+class Access:
+    """Who may use the front, and how far a client's text may go (docs/serving.md, security).
+
+    api_keys: (name, key) pairs. With keys, every call but health and the page needs
+    `Authorization: Bearer KEY` (gRPC: metadata `authorization`), an unknown key gets 401, and
+    the key's name is the client's identity for fairness and limits; without keys, the address.
+    allowed_hosts: `Host` names accepted besides IP literals and localhost (DNS rebinding: a
+    page on a name that resolves to this machine is refused); "*" accepts any.
+    completions_special_tokens: a /v1/completions prompt may spell special tokens (otherwise
+    it is text like a chat message's content).
+    """
+
+    api_keys: tuple[tuple[str, str], ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    completions_special_tokens: bool = False
+
+    def __post_init__(self) -> None:
+        names = [name for name, _ in self.api_keys]
+        if len(set(names)) != len(names) or len({k for _, k in self.api_keys}) != len(names):
+            raise ValueError("API key names and keys must be distinct")
+        for name, key in self.api_keys:
+            if not _HEADER_SAFE.fullmatch(key) or len(key) < MIN_API_KEY:
+                raise ValueError(
+                    f"API key {name!r} must be at least {MIN_API_KEY} printable ASCII "
+                    "characters without spaces"
+                )
+
+
+MIN_API_KEY = 8
+
+
+@dataclass(frozen=True)
 class FrontConfig:
     """Where the front listens, where Triton is, and what the front lets through."""
 
@@ -36,9 +68,14 @@ class FrontConfig:
     # a request head (request line and fields): Triton 2.51 breaks on heads past about 8.1 KB,
     # and the front adds its identity header and Host upstream
     max_header_bytes: int = 7 << 10
-    read_timeout_s: float = 30.0  # for a request's head and body, and each write to a client
+    read_timeout_s: float = 30.0  # for a request's body, and each write to a client
+    # for a request head, from the connection's start or its previous answer: an idle socket
+    # holds a connection slot no longer than this (idle floods are how slots ran out)
+    header_timeout_s: float = 5.0
     connect_timeout_s: float = 5.0  # for the upstream connection
-    max_connections: int = 1024  # concurrent HTTP connections, and concurrent gRPC calls
+    # concurrent HTTP connections, and concurrent gRPC calls: more than 16 addresses can hold
+    # at their caps (16 x 128 = 2,048), so an idle flood from a few addresses cannot fill it
+    max_connections: int = 4096
     # HTTP connections, and gRPC streams, from one IP address at once (front.limits): one
     # attacker opens many from one address; 128 leaves a client its 64 running and 64 queued
     max_per_address: int = 128
@@ -51,6 +88,7 @@ class FrontConfig:
     # the pair's target directory (tokenizer.json, tokenizer_config.json with its chat
     # template): the OpenAI routes decode, count and template with it; None: they answer 501
     tokenizer_dir: Path | None = None
+    access: Access = field(default_factory=Access)
 
     def __post_init__(self) -> None:
         if self.admin_key is not None and not _HEADER_SAFE.fullmatch(self.admin_key):
@@ -60,6 +98,8 @@ class FrontConfig:
                 upstream_address(getattr(self, name))
         if self.max_body_bytes <= 0 or self.max_header_bytes <= 0 or self.max_connections <= 0:
             raise ValueError("max_body_bytes, max_header_bytes and max_connections must be > 0")
+        if self.header_timeout_s <= 0:
+            raise ValueError("header_timeout_s must be > 0")
         if self.max_per_address <= 0 or not (
             self.stream_idle_timeout_s > 0 and self.stream_first_request_timeout_s > 0
         ):

@@ -43,8 +43,10 @@ from avspec.serving.front.limits import Full, Slots
 from avspec.serving.front.policy import (
     RESERVED_MARK,
     RESTARTING,
+    Unauthorized,
     admin_authorized,
     grpc_peer_ip,
+    key_identity,
     model_refusal,
     refusal,
     reserved_parameter,
@@ -226,10 +228,28 @@ class GrpcRelay(grpc.GenericRpcHandler):
             for key, value in context.invocation_metadata() or ()
             if RESERVED_MARK not in key
             and key not in _GRPC_OWN_METADATA
+            and key != "authorization"
             and not key.startswith(":")
         ]
-        metadata.append((CLIENT_HEADER, context.peer()))
+        metadata.append((CLIENT_HEADER, self._identity(context)))
         return metadata
+
+    def _identity(self, context: grpc.aio.ServicerContext) -> str:
+        """`key:NAME` of the call's API key (metadata `authorization: Bearer KEY`) when the
+        front has keys, else the peer; Unauthorized for a missing or unknown key."""
+        values = [
+            value if isinstance(value, str) else value.decode("latin-1")
+            for key, value in context.invocation_metadata() or ()
+            if key == "authorization"
+        ]
+        return key_identity(self.config, values) or context.peer()
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+        """End the call UNAUTHENTICATED unless its API key is good (or none is needed)."""
+        try:
+            self._identity(context)
+        except Unauthorized as err:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(err))
 
     def _admin(self, context: grpc.aio.ServicerContext) -> tuple[bool, list[str]]:
         """(authorised?, the admin-key values sent); the same key under both names counts once."""
@@ -273,6 +293,8 @@ class GrpcRelay(grpc.GenericRpcHandler):
     async def _forward_unary(
         self, rpc: str, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
+        if rpc not in _HEALTH_RPCS:
+            await self._authenticate(context)
         admin, keys = self._admin(context)
         if rpc not in _PUBLIC_RPCS and not admin:
             what = f"method {rpc!r}"
@@ -337,6 +359,7 @@ class GrpcRelay(grpc.GenericRpcHandler):
         and so does Front.abort_inference (UNAVAILABLE). A third task ends the stream once it is
         idle (_Activity): open streams cost Triton and a slot of their address.
         """
+        await self._authenticate(context)
         admin, _ = self._admin(context)
         loop = asyncio.get_running_loop()
         activity = _Activity(quiet_since=loop.time())

@@ -5,13 +5,17 @@ Content-Lengths, a bare LF, an obsolete line fold are 400), keeps connections al
 chunked bodies and serves pipelined requests in order. What the front adds per connection:
 
 * caps per IP address and in total (front.limits): a connection past its address's cap gets
-  429, past the total 503, both with Retry-After, as soon as it is accepted;
-* a request head must arrive within `read_timeout_s` of the connection or of the previous
-  response: a connection that sent part of a head by then gets 408, an idle one is closed;
+  429, past the total 503, both with Retry-After, as the answer to its first request (answered
+  before the request arrived, the client's write met a closed socket: a broken pipe); it holds
+  no slot meanwhile, and past `total` (at least MIN_REFUSED) such connections waiting, one is
+  closed at once;
+* a request head must arrive within `header_timeout_s` (a few seconds) of the connection or of
+  the previous response: a connection that sent part of a head by then gets 408, an idle one is
+  closed, so idle sockets hold slots for seconds, not for the body timeout;
 * the errors aiohttp answers itself (a malformed or oversized head) as `{"error": ...}` JSON on
   HTTP/1.1, 431 for a head line or header count past the limits, never logged as a traceback.
 
-The three answers given without a request (429/503 at accept, 408) go through aiohttp's own
+The answer given without a request (408) goes through aiohttp's own
 path for requests it could not parse (an error message queued for the connection, answered by
 `handle_error`), so aiohttp writes every byte. That path and the keep-alive timer are aiohttp
 internals (`_ErrInfo`, `_messages`, `_waiter`, `_process_keepalive`, `ERROR`); aiohttp is
@@ -28,7 +32,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
-from aiohttp.http import HttpVersion11, RawRequestMessage
+from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from aiohttp.web_protocol import ERROR, _ErrInfo
@@ -39,6 +43,8 @@ from avspec.serving.front.policy import http_identity
 
 _log = logging.getLogger(__name__)
 
+# connections over a cap waiting for their refusal, at least (the total cap, if larger)
+MIN_REFUSED = 256
 # aiohttp answers a request it could not parse as if it were HTTP/1.0; the front speaks 1.1.
 _UNPARSED = ERROR._replace(version=HttpVersion11)
 
@@ -51,6 +57,8 @@ class FrontConnection(web.RequestHandler):
         self.identity = ""  # the caller's identity (policy.http_identity of its IP)
         self.busy = False  # a request of this connection is being handled
         self._head_started = False  # bytes of a request head arrived, the head did not
+        # (status, message) of a connection over a cap at accept: its first request gets it
+        self.refusal: tuple[int, str] | None = None
 
     def refuse(self, status: int, message: str) -> None:
         """Answer `status` {"error": message} next and close, without waiting for a request."""
@@ -117,6 +125,7 @@ class ConnectionServer(web.Server):
         super().__init__(handler, **kwargs)
         self._slots = slots
         self._held: dict[web.RequestHandler, contextlib.ExitStack] = {}
+        self._refused = 0  # open connections waiting for their refusal
 
     def __call__(self) -> FrontConnection:
         return FrontConnection(self, loop=self._loop, **self._kwargs)
@@ -130,7 +139,14 @@ class ConnectionServer(web.Server):
         try:
             stack.enter_context(self._slots.hold(address))
         except Full as err:
-            handler.refuse(429 if err.per_address else 503, str(err))
+            # answered when its request head arrives (answered at once, the client's request
+            # met a closed socket: a broken pipe, not the 429), or closed at the head timeout;
+            # past the limit of such connections, closed at once
+            if self._refused >= max(self._slots.total, MIN_REFUSED):
+                transport.abort()
+                return
+            handler.refusal = (429 if err.per_address else 503, str(err))
+            self._refused += 1
             return
         self._held[handler] = stack
 
@@ -141,6 +157,8 @@ class ConnectionServer(web.Server):
         stack = self._held.pop(handler, None)
         if stack is not None:
             stack.close()
+        elif isinstance(handler, FrontConnection) and handler.refusal is not None:
+            self._refused -= 1
 
     def _make_request(
         self,
@@ -152,4 +170,16 @@ class ConnectionServer(web.Server):
     ) -> web.BaseRequest:
         if message is ERROR:
             message = _UNPARSED
-        return super()._make_request(message, payload, protocol, writer, task)
+        elif message.version < HttpVersion10:  # answered (505) on HTTP/1.1, then closed
+            message = message._replace(version=HttpVersion11, should_close=True)
+            protocol.refusal = (505, "HTTP/0.9 is not supported: send HTTP/1.1")
+        return FrontRequest(message, payload, protocol, writer, task, self._loop)
+
+
+class FrontRequest(web.BaseRequest):
+    """aiohttp's request, with the headers every answer of the front carries."""
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        # no answer is ever sniffed into another type (an error's JSON as HTML, say)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        await super()._prepare_hook(response)

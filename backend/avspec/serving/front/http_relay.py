@@ -40,12 +40,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
 from aiohttp.http import HttpVersion11
+from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_urldispatcher import _default_expect_handler
 
 from avspec.serving.exposure import ADMIN_KEY_HEADER, CLIENT_HEADER
@@ -63,7 +65,11 @@ from avspec.serving.front.inflight import Abortable, InFlight, abortable
 from avspec.serving.front.limits import Slots
 from avspec.serving.front.policy import (
     RESTARTING,
+    Unauthorized,
+    host_allowed,
+    key_identity,
     reserved_parameter,
+    shown,
     stage_ready,
 )
 from avspec.serving.front.schema import check_generate_body, parse_json
@@ -139,7 +145,7 @@ class HttpRelay:
             self._handle,
             self._slots,
             handler_cancellation=True,  # a client that goes away cancels its call
-            keepalive_timeout=self.config.read_timeout_s,
+            keepalive_timeout=self.config.header_timeout_s,
             lingering_time=_LINGER_S,
             max_line_size=limit,
             max_field_size=limit,
@@ -174,7 +180,8 @@ class HttpRelay:
             return await self._serve(request)
         except HttpError as err:
             response = self._error(request.raw_path, err)
-            if not request.content.is_eof():  # a body left unread: end the connection after
+            # a body left unread, or a connection refused at accept: end the connection after
+            if connection.refusal is not None or not request.content.is_eof():
                 response.force_close()
             return response
         finally:
@@ -187,14 +194,35 @@ class HttpRelay:
         return error_response(err.status, err.message, err.headers)
 
     async def _serve(self, request: web.BaseRequest) -> web.StreamResponse:
+        connection = request.protocol
+        assert isinstance(connection, FrontConnection)
+        if connection.refusal is not None:  # over a cap at accept: answered once a head came
+            raise HttpError(*connection.refusal)
         if head_bytes(request) > self.config.max_header_bytes:
             limit = self.config.max_header_bytes
             raise HttpError(431, f"request head exceeds {limit} bytes")
-        identity = request.protocol.identity  # FrontConnection: set once per connection
+        host = request.headers.get("Host")  # none only on HTTP/1.0, never from a browser
+        if host is not None and not host_allowed(self.config, host):
+            raise HttpError(
+                421,
+                f"Host {shown(host)} is not a name of this server "
+                "(IP addresses and localhost are; operators add names with --allowed-hosts)",
+            )
         path = request.raw_path.partition("?")[0]
         found = route(
             self.config, request.method, path, request.headers.getall(ADMIN_KEY_HEADER, [])
         )
+        identity = connection.identity  # the address, set once per connection
+        if found.kind not in OPEN_KINDS:
+            try:
+                identity = (
+                    key_identity(self.config, request.headers.getall("Authorization", []))
+                    or identity
+                )
+            except Unauthorized as err:
+                raise HttpError(401, str(err), (("WWW-Authenticate", "Bearer"),)) from None
+        if request.method == "POST":
+            check_cross_site(request, found)
         body = await self._read_body(request)
         if found.kind == "generate":
             body = self._checked_generate(body, identity)
@@ -210,7 +238,7 @@ class HttpRelay:
                 return await handler(request, body, identity, None)
             with abortable(self._inflight) as call:
                 return await handler(request, body, identity, call)
-        if found.kind not in ("plain", "generate", "infer"):
+        if found.kind not in ("plain", "live", "generate", "infer"):
             raise HttpError(404, f"{path} is not served by this front")
         return await self._forward(request, body, found, identity)
 
@@ -242,6 +270,9 @@ class HttpRelay:
                         raise HttpError(413, message)
         except TimeoutError:
             raise HttpError(408, "timed out reading the request body") from None
+        except ContentEncodingError as err:  # aiohttp decodes gzip, deflate and br bodies
+            encoding = shown(request.headers.get("Content-Encoding", ""))
+            raise HttpError(400, f"request body is not valid {encoding} data ({err})") from None
         return bytes(body)
 
     def _checked_generate(self, body: bytes, identity: str) -> bytes:
@@ -313,6 +344,8 @@ class HttpRelay:
         headers = forwarded_headers(
             request.headers.items(), connection.split(",") if connection else ()
         )
+        # the body was read (and decoded) here: it goes on as plain bytes, no key with it
+        headers = [(k, v) for k, v in headers if k.lower() not in _READ_HERE]
         data = body if body or request.method not in ("GET", "HEAD") else None
         answer = await self.upstream.send(request.method, request.raw_path, headers, identity, data)
         try:
@@ -382,6 +415,33 @@ class HttpRelay:
     async def _write(self, response: web.StreamResponse, data: bytes) -> None:
         async with asyncio.timeout(self.config.read_timeout_s):  # a client that stopped reading
             await response.write(data)
+
+
+# Kinds no API key is needed for: health (probes), the playground page.
+OPEN_KINDS = frozenset({"ready", "live", "page"})
+_READ_HERE = frozenset({"content-encoding", "authorization"})
+
+
+def check_cross_site(request: web.BaseRequest, found: Route) -> None:
+    """Refuse what a page on another site can make a browser send to this server.
+
+    A cross-site page cannot read the answer, but a POST that needs no CORS preflight (a form,
+    or `fetch` with a text/plain body) still spends the server's compute. Browsers name the
+    page's origin in `Origin` on every cross-origin POST: one that is not this server's is 403.
+    The front's own JSON routes (/v1) also take `application/json` only (415), which no page
+    can send elsewhere without a preflight; /v2 keeps Triton's `curl -d` habit (a form type).
+    """
+    origin = request.headers.get("Origin")
+    if origin is not None and urllib.parse.urlsplit(origin).netloc.lower() != (
+        request.headers.get("Host", "").lower()
+    ):
+        raise HttpError(403, f"cross-origin request from {shown(origin)} refused")
+    kind = request.content_type.lower() if "Content-Type" in request.headers else "none"
+    if found.kind in JSON_KINDS and kind != "application/json":
+        raise HttpError(415, f"Content-Type must be application/json, got {shown(kind)}")
+
+
+JSON_KINDS = frozenset({"openai_completions", "openai_chat"})
 
 
 def check_infer(request: web.BaseRequest, body: bytes) -> None:

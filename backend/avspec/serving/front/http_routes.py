@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from avspec.serving.front.config import FrontConfig
 from avspec.serving.front.http_status import HttpError
-from avspec.serving.front.policy import admin_authorized, model_refusal, refusal
+from avspec.serving.front.policy import admin_authorized, model_refusal, refusal, shown
 
 _MODEL_PATH = re.compile(
     r"/v2/models/(?P<model>[^/]+)(?:/versions/[0-9]+)?"
@@ -33,7 +33,7 @@ _STATISTICS_PATH = "/v2/models/stats"  # Triton's statistics API, not a model na
 # path -> (method, kind, inference); kinds served by the front itself
 _FIXED_PATHS = {
     "/v2": ("GET", "plain", False),
-    "/v2/health/live": ("GET", "plain", False),
+    "/v2/health/live": ("GET", "live", False),
     "/v2/health/ready": ("GET", "ready", False),
     "/v1/models": ("GET", "openai_models", False),
     "/v1/completions": ("POST", "openai_completions", True),
@@ -49,7 +49,8 @@ BODY_KINDS = frozenset({"generate", "infer", "openai_completions", "openai_chat"
 class Route(NamedTuple):
     """How the front handles a request.
 
-    kind: "plain" (forward as is), "ready", "generate" (check the body), "infer", "page", or
+    kind: "plain" (forward as is), "live" (forwarded health), "ready", "generate" (check the
+    body), "infer", "page", or
     an OpenAI route ("openai_models", "openai_completions", "openai_chat").
     admin: the request carries the operator key (checked here; never forwarded).
     inference: a generation or infer call (Front.abort_inference ends it).
@@ -77,8 +78,10 @@ def route(config: FrontConfig, method: str, path: str, admin_keys: list[str]) ->
             raise HttpError(403 if internal else 404, message)
     elif admin:
         return Route("plain", True, False)
+    elif not path.startswith("/v2/"):  # not Triton's API: nothing a key would open
+        raise HttpError(404, f"path {shown(path)} is not served here")
     else:
-        raise HttpError(403, refusal(config, f"path {path!r}", admin_keys))
+        raise HttpError(403, refusal(config, f"path {shown(path)}", admin_keys))
     if method != allowed:
         if admin and kind not in FRONT_KINDS:
             return Route("plain", True, inference)

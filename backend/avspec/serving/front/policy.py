@@ -1,7 +1,9 @@
-"""What the front lets through, shared by both relays: admin authorisation, refusal texts,
-reserved names, the caller's identity and the extra readiness check.
+"""What the front lets through, shared by both relays: admin authorisation, API keys, Host
+names, refusal texts, reserved names, the caller's identity and the extra readiness check.
 
-Identity (`avspec-client`, the key of per-client fairness): over HTTP the caller's IP alone,
+Identity (`avspec-client`, the key of per-client fairness): with API keys configured
+(FrontConfig.access), `key:NAME` of the key the call carries, so clients behind one NAT or
+proxy each have their own share; without keys, over HTTP the caller's IP alone,
 since an HTTP client program spreads its requests over a pool of connections (and opens new
 ones as it likes), each with a port of its own; over gRPC the peer `ip:port`, since one channel
 (one connection) is one client program. Clients behind one
@@ -58,7 +60,76 @@ def model_refusal(config: FrontConfig, model: str) -> tuple[bool, str]:
     if model in config.internal_models:
         return True, f"model {model!r} is internal"
     public = ", ".join(repr(name) for name in config.public_models)
-    return False, f"unknown model {model!r}; this server serves {public}"
+    return False, f"unknown model {shown(model)}; this server serves {public}"
+
+
+ECHO_LIMIT = 80  # characters of a client's value quoted back in an error message
+
+
+def shown(value: Any, limit: int = ECHO_LIMIT) -> str:
+    """`repr(value)` for an error message, cut to `limit` characters: a client's megabyte of
+    model name or field name is not sent back whole."""
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 3]}... ({len(text)} characters)"
+
+
+class Unauthorized(Exception):
+    """No API key, or an unknown one (401 / UNAUTHENTICATED); the message says which."""
+
+
+BEARER = "bearer "
+
+
+def key_identity(config: FrontConfig, authorization: list[str]) -> str | None:
+    """The identity `key:NAME` of the API key in `Authorization: Bearer KEY` values; None when
+    the front has no keys (the caller's address is its identity). Unauthorized otherwise.
+
+    Every configured key is compared in constant time, so the time taken says nothing about
+    which key, or how much of one, was right.
+    """
+    keys = config.access.api_keys
+    if not keys:
+        return None
+    if len(authorization) != 1 or not authorization[0].lower().startswith(BEARER):
+        raise Unauthorized("an API key is required: send 'Authorization: Bearer KEY'")
+    sent = authorization[0][len(BEARER) :].strip().encode("latin-1", "replace")
+    found = None
+    for name, key in keys:
+        if hmac.compare_digest(sent, key.encode("latin-1")):
+            found = name
+    if found is None:
+        raise Unauthorized("the API key sent is not one of this server's keys")
+    return f"key:{found}"
+
+
+LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain"})
+
+
+def host_allowed(config: FrontConfig, host: str) -> bool:
+    """Whether a `Host` value names this server: an IP literal, localhost (and names under
+    `.localhost`), or an operator's name (FrontConfig.access.allowed_hosts; "*": any). Another
+    name is what a DNS-rebinding page sends, its own name resolved to this machine."""
+    allowed = config.access.allowed_hosts
+    if "*" in allowed:
+        return True
+    name = host.strip().lower()
+    if name.startswith("["):  # [v6]:port
+        name = name[1 : name.find("]")] if "]" in name else name
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    name = name.rstrip(".")
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    return bool(name) and (
+        name in LOCAL_NAMES
+        or name.endswith(".localhost")
+        or name in {a.lower().rstrip(".") for a in allowed}
+    )
 
 
 def reserved_parameter(names: Iterable[Any]) -> str | None:

@@ -40,6 +40,7 @@ class InputSpec:
 
     dtype: str
     required: bool = True
+    array: bool = False  # dims [ -1 ]: a JSON array of values, not one value
 
     def __post_init__(self) -> None:
         if self.dtype not in SUPPORTED_DTYPES:
@@ -60,6 +61,7 @@ DEFAULT_GENERATE_SCHEMA: GenerateSchema = MappingProxyType(
         "num_draft_tokens": InputSpec("TYPE_INT32", required=False),
         "adaptive_verification": InputSpec("TYPE_BOOL", required=False),
         "adaptive_drafting": InputSpec("TYPE_BOOL", required=False),
+        "plain_spans": InputSpec("TYPE_INT32", required=False, array=True),
     }
 )
 
@@ -107,7 +109,8 @@ def generate_schema_from_config(config_pbtxt_text: str) -> dict[str, InputSpec]:
         if name is None or dtype is None:
             raise ValueError(f"config.pbtxt input entry without name or data_type: {entry!r}")
         optional = re.search(r"\boptional\s*:\s*true\b", entry) is not None
-        schema[name.group(1)] = InputSpec(dtype.group(1), required=not optional)
+        array = re.search(r"\bdims\s*:\s*\[\s*-1\s*\]", entry) is not None
+        schema[name.group(1)] = InputSpec(dtype.group(1), required=not optional, array=array)
         position = block.find("{", end)
     return schema
 
@@ -188,6 +191,13 @@ def check_generate_body(body: bytes, schema: GenerateSchema) -> dict[str, Any]:
         raise ValueError(f"missing required field {missing[0]!r} ({schema[missing[0]].dtype})")
     for name, value in request.items():
         dtype = schema[name].dtype
+        if schema[name].array:
+            if not isinstance(value, list) or not all(_type_ok(dtype, v) for v in value):
+                raise ValueError(
+                    f"field {name!r} must be an array of {_expected(dtype)} ({dtype}), "
+                    f"got {_describe(value)}"
+                )
+            continue
         if not _type_ok(dtype, value):
             raise ValueError(
                 f"field {name!r} must be {_expected(dtype)} ({dtype}), got {_describe(value)}"

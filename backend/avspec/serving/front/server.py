@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import resource
 import threading
 
 from avspec.serving.front import openai, playground
@@ -56,6 +57,7 @@ class Front:
 
     def start(self) -> Front:
         """Bind both ports and serve in the background; return once listening."""
+        _raise_file_limit(self.config.max_connections)
         with self._lock:
             if self._thread is not None:
                 raise RuntimeError("front already started")
@@ -159,3 +161,21 @@ class Front:
             await self._metrics.close()
         await self._grpc.close()
         await self._http.close()
+
+
+def _raise_file_limit(connections: int) -> None:
+    """Let the process open a descriptor per connection and per upstream connection (with
+    room for the rest): the soft limit (often 1,024) raised toward the hard one. If the hard
+    limit is lower, the caps cannot all be reached; said once in the log."""
+    need = 2 * connections + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        if soft < need:
+            _log.warning(
+                "front: open files limited to %d; %d connections need about %d", soft,
+                connections, need,
+            )  # fmt: skip

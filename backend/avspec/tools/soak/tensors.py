@@ -30,7 +30,8 @@ SPECULATIVE_INPUTS: Mapping[str, str] = MappingProxyType(
 
 
 def infer_inputs(client: ModuleType, values: Mapping[str, object]) -> list:
-    """One shape-[1] InferInput of `client` (tritonclient.grpc or .http) per input value.
+    """One InferInput of `client` (tritonclient.grpc or .http) per input value: shape [1], or
+    [n] for a list (`plain_spans`).
 
     Strings are sent UTF-8 encoded. ValueError naming the input if it is not one of the model's.
     """
@@ -41,8 +42,9 @@ def infer_inputs(client: ModuleType, values: Mapping[str, object]) -> list:
             raise ValueError(f"{name!r} is not an input of {MODEL} (inputs: {known})")
         datatype = SPECULATIVE_INPUTS[name]
         encoded = value.encode() if isinstance(value, str) else value
-        array = np.array([encoded], dtype=triton_to_np_dtype(datatype))
-        tensor = client.InferInput(name, [1], datatype)
+        values = list(encoded) if isinstance(encoded, list | tuple) else [encoded]
+        array = np.array(values, dtype=triton_to_np_dtype(datatype))
+        tensor = client.InferInput(name, [len(values)], datatype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs

@@ -150,7 +150,7 @@ def test_malformed_requests(front, fake_http, head, status):
 
 
 def test_slow_client_times_out(fake_http, fake_grpc):
-    with Front(front_config(fake_http, fake_grpc, read_timeout_s=0.3)) as quick:
+    with Front(front_config(fake_http, fake_grpc, header_timeout_s=0.3)) as quick:
         started = time.monotonic()
         reply = raw_exchange(quick.http_port, "GET /v2 HTTP/1.1\r\n")
     assert reply.startswith(b"HTTP/1.1 408 ") and time.monotonic() - started < 2
@@ -163,5 +163,5 @@ def test_connection_limit(fake_http, fake_grpc):
     ):
         idle.sendall(b"GET /v2 HTTP/1.1\r\n")  # holds the only slot, head unfinished
         time.sleep(0.1)
-        reply = raw_exchange(small.http_port, "GET /v2 HTTP/1.1\r\n\r\n")
+        reply = raw_exchange(small.http_port, "GET /v2 HTTP/1.1\r\nHost: x\r\n\r\n")
         assert reply.startswith(b"HTTP/1.1 503 ") and b"\r\nRetry-After: 1\r\n" in reply

@@ -107,7 +107,7 @@ class Answer:
         body = self._object(
             self.shape.object,
             [self.shape.choice(text, self.generation.finish_reason)],
-            usage=await self.generation.usage(),
+            usage=self.generation.usage(),
             speculative=self.generation.figures.as_dict(),
         )
         return web.json_response(body)
@@ -133,7 +133,7 @@ class Answer:
         final = {} if self.shape.chat else ""
         await self._chunk([self.shape.chunk_choice(final, self.generation.finish_reason)])
         if self.generation.sampling.include_usage:
-            usage = await self.generation.usage()
+            usage = self.generation.usage()
             speculative = self.generation.figures.as_dict()
             await self._event(
                 self._object(self.shape.chunk_object, [], usage=usage, speculative=speculative)

@@ -1,10 +1,8 @@
 """`POST /v1/chat/completions`: messages through the pair's chat template, then the public model.
 
-The prompt is the chat template's text with the generation prompt added
-(front.openai.chat_template). When the tokenizer prepends BOS itself and the template writes it
-too, the template's BOS text is removed from the prompt: the entry encodes its prompt with BOS,
-and transformers' `apply_chat_template` encodes without adding special tokens, so either way the
-model sees one BOS.
+The body is parsed and the template rendered off the event loop (Context.prepare: a large
+conversation costs tens of milliseconds of Python), the contents marked as plain text for the
+entry (front.openai.prompt).
 """
 
 from __future__ import annotations
@@ -17,7 +15,8 @@ from avspec.serving.front.openai.chat_template import ChatTemplateError
 from avspec.serving.front.openai.context import Context
 from avspec.serving.front.openai.errors import OpenAIError, field_error
 from avspec.serving.front.openai.generation import Generation
-from avspec.serving.front.openai.request import parse_chat
+from avspec.serving.front.openai.prompt import Prompt, chat_prompt
+from avspec.serving.front.openai.request import Chat, parse_chat
 
 DEFAULT_MAX_TOKENS = 256  # when a request names no max_tokens / max_completion_tokens
 
@@ -26,27 +25,31 @@ async def chat_completions(
     context: Context, request: web.BaseRequest, body: bytes, identity: str, call: Abortable | None
 ) -> web.StreamResponse:
     """Answer one chat completion request (see front.openai.answer for the shape)."""
-    parsed = parse_chat(body, DEFAULT_MAX_TOKENS)
-    model = context.served_model(parsed.model)
-    template = context.chat_template()
-    if template is None:
-        raise OpenAIError(
-            400,
-            f"model {model!r} has no chat template (its tokenizer_config.json names none): "
-            "use /v1/completions",
-            param="messages",
-            code="no_chat_template",
-        )
-    try:
-        prompt = template.render(parsed.messages, add_generation_prompt=True)
-    except ChatTemplateError as err:
-        raise field_error("messages", str(err)) from None
     tokenizer = context.tokenizer()
-    bos = template.special_tokens.get("bos_token")
-    if tokenizer.add_bos and isinstance(bos, str) and bos and prompt.startswith(bos):
-        prompt = prompt[len(bos) :]
+
+    def prepare() -> tuple[Chat, Prompt]:
+        parsed = parse_chat(body, DEFAULT_MAX_TOKENS)
+        model = context.served_model(parsed.model)
+        template = context.chat_template()
+        if template is None:
+            raise OpenAIError(
+                400,
+                f"model {model!r} has no chat template (its tokenizer_config.json names none): "
+                "use /v1/completions",
+                param="messages",
+                code="no_chat_template",
+            )
+        try:
+            return parsed, chat_prompt(template, tokenizer, parsed.messages)
+        except ChatTemplateError as err:
+            raise field_error("messages", str(err)) from None
+
+    parsed, prompt = await context.prepare(identity, prepare)
     generation = Generation(
-        context.upstream, tokenizer, context.schema, model, prompt, parsed.sampling
+        context.upstream, tokenizer, context.schema, parsed.model, prompt, parsed.sampling,
+        prompt_param="messages",
+    )  # fmt: skip
+    answer = Answer(
+        request, CHAT, parsed.model, generation, identity, call, context.write_timeout_s
     )
-    answer = Answer(request, CHAT, model, generation, identity, call, context.write_timeout_s)
     return await answer.run()

@@ -15,7 +15,9 @@ the text with `apply_chat_template` of transformers for real templates.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,48 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as err:  # raise_exception, and the sandbox's SecurityError
             raise ChatTemplateError(f"the chat template refused the messages: {err}") from None
+
+
+@dataclass(frozen=True)
+class MarkedPrompt:
+    """A rendered prompt and the (start, end) character spans of it that are message content:
+    text a client wrote, to be tokenized as text (special-token strings in it stay text)."""
+
+    text: str
+    content: tuple[tuple[int, int], ...]
+
+
+def render_marked(
+    template: ChatTemplate, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+) -> MarkedPrompt | None:
+    """`template.render`, knowing where each message's content landed; None when the template
+    does not place contents as given (it slices, splits or rewrites them), so they cannot be
+    told from its own text.
+
+    Each content is rendered as a marker (private-use characters around a nonce and the
+    message's index), the markers are found in order, once each, and the contents put back.
+    """
+    nonce = secrets.token_hex(8)
+    markers = [f"\ue000{nonce}:{i}\ue001" for i in range(len(messages))]
+    stand_ins = [{**m, "content": marker} for m, marker in zip(messages, markers, strict=True)]
+    text = template.render(stand_ins, add_generation_prompt)
+    parts, spans, edge, length = [], [], 0, 0
+    for message, marker in zip(messages, markers, strict=True):
+        at = text.find(marker, edge)
+        if at < 0 or text.find(marker, at + len(marker)) >= 0:
+            return None
+        parts.append(text[edge:at])
+        length += at - edge
+        content = message["content"]
+        parts.append(content)
+        if content:
+            spans.append((length, length + len(content)))
+        length += len(content)
+        edge = at + len(marker)
+    rest = text[edge:]
+    if "\ue000" + nonce in rest:
+        return None
+    return MarkedPrompt("".join(parts) + rest, tuple(spans))
 
 
 def _default_template(value: Any) -> str | None:

@@ -1,4 +1,8 @@
-"""`POST /v1/completions`: a prompt continued by the public model, as the OpenAI API answers it."""
+"""`POST /v1/completions`: a prompt continued by the public model, as the OpenAI API answers it.
+
+The prompt is plain text to the entry (special-token strings in it are text) unless the operator
+lets prompts spell special tokens (front.openai.prompt).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ from avspec.serving.front.inflight import Abortable
 from avspec.serving.front.openai.answer import COMPLETION, Answer
 from avspec.serving.front.openai.context import Context
 from avspec.serving.front.openai.generation import Generation
-from avspec.serving.front.openai.request import parse_completion
+from avspec.serving.front.openai.prompt import Prompt, completion_prompt
+from avspec.serving.front.openai.request import Completion, parse_completion
 
 DEFAULT_MAX_TOKENS = 16  # the OpenAI API's default for completions
 
@@ -17,10 +22,20 @@ async def completions(
     context: Context, request: web.BaseRequest, body: bytes, identity: str, call: Abortable | None
 ) -> web.StreamResponse:
     """Answer one completion request (see front.openai.answer for the shape)."""
-    parsed = parse_completion(body, DEFAULT_MAX_TOKENS)
-    model = context.served_model(parsed.model)
+    tokenizer = context.tokenizer()
+    special = context.config.access.completions_special_tokens
+
+    def prepare() -> tuple[Completion, Prompt]:
+        parsed = parse_completion(body, DEFAULT_MAX_TOKENS)
+        context.served_model(parsed.model)
+        return parsed, completion_prompt(parsed.prompt, special)
+
+    parsed, prompt = await context.prepare(identity, prepare)
     generation = Generation(
-        context.upstream, context.tokenizer(), context.schema, model, parsed.prompt, parsed.sampling
+        context.upstream, tokenizer, context.schema, parsed.model, prompt, parsed.sampling,
+        prompt_param="prompt",
+    )  # fmt: skip
+    answer = Answer(
+        request, COMPLETION, parsed.model, generation, identity, call, context.write_timeout_s
     )
-    answer = Answer(request, COMPLETION, model, generation, identity, call, context.write_timeout_s)
     return await answer.run()

@@ -10,6 +10,7 @@ entry model's errors (http_status.ENTRY_SERVER_ERRORS) map onto the same statuse
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -64,9 +65,15 @@ def field_error(param: str, message: str) -> OpenAIError:
     return OpenAIError(400, message, param=param)
 
 
-def entry_error(message: str) -> OpenAIError:
+def entry_error(message: str, params: Mapping[str, str] | None = None) -> OpenAIError:
     """An error of the entry model (Triton answered 400 or sent an error event), with the
-    status the entry meant: 503 overloaded, 500 a failed stage, 400 the request's mistake."""
+    status the entry meant: 503 overloaded, 500 a failed stage, 400 the request's mistake.
+
+    The entry's messages start with the input they are about (`max_tokens 600 + 8 draft tokens
+    leave no room ...`); `params` maps such an input to the OpenAI field, named in `param`.
+    """
     status = entry_error_status(json.dumps({"error": message}).encode())
     code = {503: "overloaded", 500: "generation_failed"}.get(status)
-    return OpenAIError(status, message, code=code)
+    first = message.split(" ", 1)[0]
+    param = (params or {}).get(first) if status == 400 else None
+    return OpenAIError(status, message, param=param, code=code)

@@ -8,13 +8,13 @@ then one token of the target) and its `drafted_tokens` / `verified_tokens` / `ac
 The front decodes the ids one token at a time with the pair's tokenizer (the entry's own
 decoder, avspec.runtime.hf_tokenizer, so the text is the entry's text) and cuts them at stop
 strings and `max_tokens` (front.openai.stop_text); usage counts the tokens of the text returned,
-up to the token that completed a stop string, and the prompt's tokens as the entry encodes it.
+up to the token that completed a stop string, and the prompt's tokens as the entry counted them
+when it tokenized the prompt (its `prompt_tokens` output: the front never tokenizes a prompt).
 Once a stop string ends the text, the upstream call is closed: Triton cancels the request.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -25,7 +25,8 @@ from avspec.runtime.hf_tokenizer import HFIncrementalDecoder, HFTokenizer
 from avspec.serving.front.http_status import HttpError, error_message
 from avspec.serving.front.http_upstream import Upstream
 from avspec.serving.front.openai.errors import OpenAIError, entry_error
-from avspec.serving.front.openai.request import Sampling
+from avspec.serving.front.openai.prompt import Prompt
+from avspec.serving.front.openai.request import EXTRAS, Sampling
 from avspec.serving.front.openai.stop_text import Piece, StopText
 from avspec.serving.front.schema import GenerateSchema, check_generate_body
 
@@ -67,35 +68,22 @@ class Generation:
         tokenizer: HFTokenizer,
         schema: GenerateSchema,
         model: str,
-        prompt: str,
+        prompt: Prompt,
         sampling: Sampling,
+        prompt_param: str = "prompt",
     ) -> None:
         self.sampling = sampling
         self.finish_reason: str | None = None
         self.completion_tokens = 0
+        self.prompt_tokens = 0  # as the entry tokenized the prompt (its `prompt_tokens`)
         self.figures = Figures()
         self._upstream, self._tokenizer, self._model = upstream, tokenizer, model
-        self._prompt = prompt
+        # the OpenAI field an entry error about an input is about (front.openai.errors)
+        self._params = {**_ENTRY_PARAMS, "text_input": prompt_param, "plain_spans": prompt_param}
         self._body = _entry_body(prompt, sampling, schema)
-        self._prompt_tokens: asyncio.Future[int] | None = None
 
-    async def prompt_tokens(self) -> int:
-        """Tokens of the prompt as the entry encodes it (BOS included when it adds one)."""
-        if self._prompt_tokens is None:
-            self._count_prompt()
-        assert self._prompt_tokens is not None
-        return await self._prompt_tokens
-
-    def _count_prompt(self) -> None:
-        loop = asyncio.get_running_loop()
-        # encode releases the GIL (encode_batch): off the event loop, next to the generation
-        self._prompt_tokens = loop.run_in_executor(
-            None, lambda: len(self._tokenizer.encode(self._prompt))
-        )
-
-    async def usage(self) -> dict[str, int]:
-        prompt = await self.prompt_tokens()
-        completion = self.completion_tokens
+    def usage(self) -> dict[str, int]:
+        prompt, completion = self.prompt_tokens, self.completion_tokens
         return {
             "prompt_tokens": prompt,
             "completion_tokens": completion,
@@ -104,7 +92,6 @@ class Generation:
 
     async def steps(self, identity: str) -> AsyncIterator[Step]:
         """The text step by step (empty steps skipped); OpenAIError for the entry's errors."""
-        self._count_prompt()
         answer = await self._send(identity)
         decoder = self._tokenizer.incremental_decoder()
         text = StopText(self.sampling.stop)
@@ -114,7 +101,7 @@ class Generation:
                     continue
                 event = json.loads(line[len(_EVENT_PREFIX) :])
                 if "error" in event:
-                    raise entry_error(str(event["error"]))
+                    raise entry_error(str(event["error"]), self._params)
                 step = self._step(event, decoder, text)
                 if step.pieces:
                     yield step
@@ -132,6 +119,7 @@ class Generation:
             yield Step(last)
 
     def _step(self, event: dict, decoder: HFIncrementalDecoder, text: StopText) -> Step:
+        self.prompt_tokens = int(event.get("prompt_tokens", self.prompt_tokens))
         ids = event.get("output_ids", [])
         ids = [ids] if isinstance(ids, int) else list(ids)
         figures = Figures(
@@ -150,7 +138,8 @@ class Generation:
                 break
             if self.completion_tokens >= self.sampling.max_tokens:
                 self.finish_reason = "length"
-                text.add(decoder.flush(), draft=False)
+                # the text ends with whole characters: a cut one is left out, never U+FFFD
+                text.add(decoder.flush(incomplete=False), draft=False)
                 if not text.stopped:
                     return Step(text.flush(), figures)
                 break
@@ -172,13 +161,23 @@ class Generation:
         finally:
             answer.close()
         message = error_message(body) or body.decode("utf-8", "replace") or "no message"
-        raise entry_error(message) if answer.status == 400 else OpenAIError(answer.status, message)
+        if answer.status == 400:
+            raise entry_error(message, self._params)
+        raise OpenAIError(answer.status, message)
 
 
-def _entry_body(prompt: str, sampling: Sampling, schema: GenerateSchema) -> Callable[[str], bytes]:
+# entry inputs -> the OpenAI fields they come from (text_input: the route's prompt field)
+_ENTRY_PARAMS = {name: name for name in ("max_tokens", "temperature", "top_p", *EXTRAS)} | {
+    "random_seed": "seed"
+}
+
+
+def _entry_body(
+    prompt: Prompt, sampling: Sampling, schema: GenerateSchema
+) -> Callable[[str], bytes]:
     """The generate_stream body for an identity (checked against the entry's inputs once)."""
-    inputs = {
-        "text_input": prompt,
+    inputs: dict[str, object] = {
+        "text_input": prompt.text,
         "max_tokens": sampling.max_tokens,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
@@ -187,6 +186,8 @@ def _entry_body(prompt: str, sampling: Sampling, schema: GenerateSchema) -> Call
     }
     if sampling.seed is not None:
         inputs["random_seed"] = sampling.seed
+    if prompt.plain_spans:
+        inputs["plain_spans"] = list(prompt.plain_spans)
     try:
         check_generate_body(json.dumps(inputs, allow_nan=False).encode(), schema)
     except ValueError as err:

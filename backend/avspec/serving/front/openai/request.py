@@ -15,10 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from avspec.serving.front.openai.errors import OpenAIError, field_error
+from avspec.serving.front.policy import shown
 from avspec.serving.front.schema import parse_json
 
 MAX_STOPS = 4
+MAX_MESSAGES = 1024  # a conversation's messages (each one costs the template a loop turn)
 _INT32_MAX = (1 << 31) - 1
 _SEED_SPAN = 1 << 64
 EXTRAS = ("num_draft_tokens", "adaptive_verification", "adaptive_drafting")
@@ -93,6 +97,10 @@ def parse_chat(body: bytes, default_max_tokens: int) -> Chat:
     messages = document.get("messages")
     if not isinstance(messages, list) or not messages:
         raise field_error("messages", "messages must be a non-empty array of messages")
+    if len(messages) > MAX_MESSAGES:
+        raise field_error(
+            "messages", f"messages holds {len(messages)} messages; at most {MAX_MESSAGES}"
+        )
     checked = [_message(message, i) for i, message in enumerate(messages)]
     names = ("max_completion_tokens", "max_tokens")
     max_tokens = _max_tokens(document, names, default_max_tokens)
@@ -108,13 +116,22 @@ def _object(body: bytes, fields: frozenset[str]) -> dict[str, Any]:
         raise OpenAIError(400, "request body must be a JSON object")
     for name in document:
         if name not in fields:
-            raise field_error(name, f"unrecognized request argument supplied: {name}")
-    for name, allowed in _NEUTRAL.items():
-        if name in document and document[name] not in allowed:
             raise field_error(
-                name, f"{name} is not supported by this server (only {allowed[-1]!r})"
+                shown(name)[1:-1], f"unrecognized request argument supplied: {shown(name)}"
+            )
+    for name, allowed in _NEUTRAL.items():
+        if name in document and not any(_same(document[name], a) for a in allowed):
+            raise field_error(
+                name,
+                f"{name} is not supported by this server (only {allowed[-1]!r}), "
+                f"got {shown(document[name])}",
             )
     return document
+
+
+def _same(value: Any, allowed: Any) -> bool:
+    """Equal and of the same JSON type: `0.0`, `false` and `0` are three different answers."""
+    return type(value) is type(allowed) and value == allowed
 
 
 def _model(document: dict[str, Any]) -> str:
@@ -129,7 +146,9 @@ def _number(document: dict[str, Any], name: str, default: float, low: float, hig
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise field_error(name, f"{name} must be a number in [{low:g}, {high:g}], got {value!r}")
+        raise field_error(
+            name, f"{name} must be a number in [{low:g}, {high:g}], got {shown(value)}"
+        )
     return float(value)
 
 
@@ -139,25 +158,32 @@ def _max_tokens(document: dict[str, Any], names: tuple[str, ...], default: int) 
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _INT32_MAX:
-            raise field_error(name, f"{name} must be an integer >= 1, got {value!r}")
+            raise field_error(
+                name, f"{name} must be an integer in [1, {_INT32_MAX}], got {shown(value)}"
+            )
         return value
     return default
 
 
 def _sampling(document: dict[str, Any], max_tokens: int) -> Sampling:
-    if document.get("n") not in (None, 1):
-        raise field_error("n", "n must be 1: this server returns one choice per request")
+    n = document.get("n")
+    if n is not None and not _same(n, 1):
+        raise field_error(
+            "n", f"n must be the integer 1: this server returns one choice, got {shown(n)}"
+        )
     top_p = _number(document, "top_p", 1.0, 0.0, 1.0)
-    if top_p <= 0:
-        raise field_error("top_p", "top_p must be in (0, 1], got 0")
+    if not np.float32(top_p) > 0:  # the entry samples in float32: 1e-300 would be 0 there
+        raise field_error(
+            "top_p", f"top_p must be in (0, 1] (at least about 1.4e-45), got {shown(top_p)}"
+        )
     stream = document.get("stream")
-    if stream not in (None, True, False):
-        raise field_error("stream", f"stream must be a boolean, got {stream!r}")
+    if stream is not None and not isinstance(stream, bool):
+        raise field_error("stream", f"stream must be a boolean, got {shown(stream)}")
     seed = document.get("seed")
     if seed is not None and (
         isinstance(seed, bool) or not isinstance(seed, int) or not -(1 << 63) <= seed < _SEED_SPAN
     ):
-        raise field_error("seed", f"seed must be a 64-bit integer, got {seed!r}")
+        raise field_error("seed", f"seed must be a 64-bit integer, got {shown(seed)}")
     extras = {name: document[name] for name in EXTRAS if document.get(name) is not None}
     return Sampling(
         max_tokens=max_tokens,
@@ -181,7 +207,8 @@ def _stops(value: Any) -> tuple[str, ...]:
         or not all(isinstance(s, str) and s for s in stops)
     ):
         raise field_error(
-            "stop", f"stop must be a non-empty string or up to {MAX_STOPS} of them, got {value!r}"
+            "stop",
+            f"stop must be a non-empty string or up to {MAX_STOPS} of them, got {shown(value)}",
         )
     return tuple(dict.fromkeys(stops))
 

@@ -19,7 +19,9 @@ from helpers.clients import MODEL
 def test_stream_ends_with_done_on_the_wire(openai_front):
     connection = http.client.HTTPConnection("127.0.0.1", openai_front.http_port, timeout=10)
     body = {"model": MODEL, "prompt": "blocks:ab|", "stream": True, "max_tokens": 4}
-    connection.request("POST", "/v1/completions", json.dumps(body))
+    connection.request(
+        "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+    )
     response = connection.getresponse()
     assert response.getheader("Content-Type").startswith("text/event-stream")
     events = [line for line in response.read().split(b"\n\n") if line]
