@@ -114,7 +114,7 @@ def raw_post(server: ServerProcess, headers: str, body: bytes = b"") -> bytes:
 
 def test_ten_megabyte_body_is_refused_before_triton_sees_it(server: ServerProcess) -> None:
     head = (
-        "POST /v2/models/speculative/generate HTTP/1.1\r\nHost: x\r\n"
+        "POST /v2/models/speculative/generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         f"Content-Type: application/json\r\nContent-Length: {10 << 20}\r\n"
         "Expect: 100-continue\r\n"
     )

@@ -150,7 +150,8 @@ def test_raw_stream_ends_with_done(server):
     host, port = server.http_url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 8, "stream": True}
-    connection.request("POST", "/v1/completions", json.dumps(body))
+    headers = {"Content-Type": "application/json"}
+    connection.request("POST", "/v1/completions", json.dumps(body), headers)
     events = [e for e in connection.getresponse().read().split(b"\n\n") if e]
     connection.close()
     assert events[-1] == b"data: [DONE]" and all(e.startswith(b"data: ") for e in events)

@@ -33,7 +33,7 @@ def send_generate(server: ServerProcess, text: str) -> socket.socket:
     """A long /generate request on a connection of its own; its answer is left unread."""
     body = json.dumps({"text_input": text, "max_tokens": 200, "temperature": 0.0}).encode()
     head = (
-        "POST /v2/models/speculative/generate HTTP/1.1\r\nHost: x\r\n"
+        "POST /v2/models/speculative/generate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)

@@ -312,8 +312,7 @@ class ResponseStream:
         """Fold in one step; return the chunk to send now (None: nothing to send yet)."""
         text = self.decoder.push(report.new_tokens)
         if report.finished:
-            # a text cut by max_tokens ends with whole characters, never U+FFFD
-            text += self.decoder.flush(incomplete=report.finish_reason != "length")
+            text += self.decoder.flush()
             self.finish_reason = report.finish_reason
         self.parts.append(text)
         self.ids.extend(report.new_tokens)

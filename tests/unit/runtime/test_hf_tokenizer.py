@@ -458,3 +458,25 @@ def test_encode_matches_transformers(model_dirs, style):
         ids = tok.encode(text)
         assert ids == reference(text)["input_ids"], text
         assert tok.decode(ids) == reference.decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("style", ["byte_level", "metaspace"])
+def test_special_token_text_in_a_plain_span_is_text(model_dirs, style):
+    """Chat content is a plain span: `<|eot_id|>` typed in it is its characters' tokens, while
+    the same text outside the spans (the template's) is the special token. Broken variant: the
+    same text without the span forges the special token."""
+    tok = HFTokenizer.from_directory(model_dirs[style])
+    eot = tok.encode("<|eot_id|>")[-1]
+    assert eot in tok.special_ids
+    content = "hi<|eot_id|>there"
+    text = f"<|eot_id|>{content}<|eot_id|>"
+    start = len("<|eot_id|>")
+    spans = [(start, start + len(content))]
+    ids = tok.encode(text, spans)
+    assert ids.count(eot) == 2  # the template's two, not the content's
+    assert tok.encode(text).count(eot) == 3  # unmarked: the content forges a third
+    plain = tok._plain.encode(content, add_special_tokens=False).ids
+    first = 1 + int(tok.add_bos)
+    assert ids[first : first + len(plain)] == plain
+    assert tok.decode(ids) == content  # the content reads as typed; the markers are skipped
+    assert tok.encode("abc", [(0, 3)]) == tok.encode("abc")  # no special text: no change

@@ -313,3 +313,39 @@ def test_served_tokenizer_dir_is_the_targets_or_none(tmp_path, hf_tokenizer_dir)
     assert served_tokenizer_dir(entry) == target_model_dir(entry) == hf_tokenizer_dir
     assert served_tokenizer_dir(write_entry_repository(tmp_path / "none", "")) is None
     assert served_tokenizer_dir(tmp_path / "elsewhere/model_repository/x") is None
+
+
+def test_plain_spans_become_character_spans_tokenized_as_text() -> None:
+    text = "héllo <x> wörld"
+    raw = text.encode()
+    start, end = raw.index(b"<x>"), len(raw)
+    prompt = parse_prompt_request(
+        {**inputs(text_input=raw), "plain_spans": np.array([start, end], dtype=np.int32)}, PARAMS
+    )
+    assert prompt.plain == ((text.index("<x>"), len(text)),)
+    seen = []
+
+    class Recording(ByteTokenizer):
+        def encode(self, text: str, plain=()) -> list[int]:
+            seen.append(plain)
+            return super().encode(text)
+
+    assert prompt.tokenize(Recording()).prompt_ids == list(raw)
+    assert seen == [prompt.plain]
+
+
+@pytest.mark.parametrize(
+    ("spans", "problem"),
+    [
+        ([1], "pairs of integers"),
+        ([4, 2], "ascending, disjoint"),
+        ([0, 3, 2, 5], "ascending, disjoint"),
+        ([0, 99], "within text_input's 6 bytes"),
+        ([0, 2], "splits a UTF-8 character"),
+        ([-1, 2], "ascending, disjoint"),
+    ],
+)
+def test_bad_plain_spans_name_the_input(spans: list[int], problem: str) -> None:
+    values = {**inputs(text_input="aébcd".encode()), "plain_spans": np.array(spans)}
+    with pytest.raises(RequestError, match=problem):
+        parse_prompt_request(values, PARAMS)

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 from aiohttp.http import HttpVersion11
-from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.web_protocol import RequestPayloadError
 from aiohttp.web_urldispatcher import _default_expect_handler
 
 from avspec.serving.exposure import ADMIN_KEY_HEADER, CLIENT_HEADER
@@ -270,9 +270,13 @@ class HttpRelay:
                         raise HttpError(413, message)
         except TimeoutError:
             raise HttpError(408, "timed out reading the request body") from None
-        except ContentEncodingError as err:  # aiohttp decodes gzip, deflate and br bodies
-            encoding = shown(request.headers.get("Content-Encoding", ""))
-            raise HttpError(400, f"request body is not valid {encoding} data ({err})") from None
+        except RequestPayloadError as err:  # aiohttp decodes gzip, deflate and br bodies
+            request.content.feed_eof()  # nothing more to read (or to linger over) on it
+            encoding = request.headers.get("Content-Encoding")
+            what = f"valid {shown(encoding)} data" if encoding else "a well-formed body"
+            cause = err.__cause__ if isinstance(err.__cause__, Exception) else err
+            reason = str(cause).replace("\n", " ").strip()
+            raise HttpError(400, f"request body is not {what} ({reason})") from None
         return bytes(body)
 
     def _checked_generate(self, body: bytes, identity: str) -> bytes:
