@@ -63,7 +63,8 @@ from avspec.serving.served_models import locate_models, repository_models
 from avspec.serving.server_files import grant_writable, sandbox_paths, server_files
 from avspec.serving.server_process import ServerError, ServerProcess
 
-ADMIN_KEY_FD_ENV = "AVSPEC_ADMIN_KEY_FD"  # the pipe holding the key across the sandbox's exec
+ADMIN_KEY_FD_ENV = "AVSPEC_ADMIN_KEY_FD"  # the pipe holding the keys across the sandbox's exec
+ALLOWED_HOSTS_ENV = "AVSPEC_ALLOWED_HOSTS"
 DEFAULT_GGUF_CACHE = Path("build/gguf-cache")  # the cache avspec.tools.fetch_target uses
 
 
@@ -116,10 +117,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--allowed-hosts",
-        default="",
+        default=os.environ.get(ALLOWED_HOSTS_ENV, ""),
         help="comma-separated Host names the HTTP port answers besides IP addresses and "
         "localhost (e.g. the name a proxy or DNS gives it); '*' answers any (no DNS-rebinding "
-        "guard)",
+        f"guard); default {ALLOWED_HOSTS_ENV}",
     )
     parser.add_argument(
         "--completions-special-tokens",

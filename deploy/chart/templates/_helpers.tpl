@@ -64,6 +64,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
     - name: AVSPEC_LWS_NAME
       value: {{ include "avspec.name" . }}
     {{- end }}
+    # the Host names the front answers besides IPs and localhost: the Service's names
+    - name: AVSPEC_ALLOWED_HOSTS
+      value: "{{ include "avspec.name" . }},{{ include "avspec.name" . }}.{{ .Release.Namespace }},{{ include "avspec.name" . }}.{{ .Release.Namespace }}.svc,{{ include "avspec.name" . }}.{{ .Release.Namespace }}.svc.cluster.local"
     {{- if .Values.adminKeySecret }}
     - name: AVSPEC_ADMIN_KEY
       valueFrom:

@@ -129,10 +129,15 @@ class HttpRelay:
         self._error_formats: list[tuple[str, ErrorFormat]] = []
         self._server: ConnectionServer | None = None
         self._listener: asyncio.Server | None = None
+        self._closers: list[Callable[[], None]] = []
 
     def serve(self, kind: str, handler: FrontHandler) -> None:
         """Serve the front's own route `kind` (front.http_routes.FRONT_KINDS) with `handler`."""
         self._front_handlers[kind] = handler
+
+    def on_close(self, closer: Callable[[], None]) -> None:
+        """Call `closer` when the relay closes (a route's own resources)."""
+        self._closers.append(closer)
 
     def format_errors(self, prefix: str, error_format: ErrorFormat) -> None:
         """Answer the front's refusals of paths under `prefix` with `error_format`."""
@@ -171,6 +176,8 @@ class HttpRelay:
         if self._listener is not None:
             await self._listener.wait_closed()
         await self.upstream.close()
+        for closer in self._closers:
+            closer()
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         connection = request.protocol

@@ -32,6 +32,7 @@ class MetricsRelay:
     async def open(self) -> None:
         app = web.Application(client_max_size=1024)  # a GET has no business sending a body
         app.router.add_get("/metrics", self._metrics, allow_head=True)
+        app.on_response_prepare.append(_nosniff)
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=_UPSTREAM_TIMEOUT_S)
         )
@@ -65,3 +66,8 @@ class MetricsRelay:
 
 def _unavailable(message: str) -> web.Response:
     return web.json_response({"error": message}, status=503, headers={"Retry-After": "5"})
+
+
+async def _nosniff(request: web.Request, response: web.StreamResponse) -> None:
+    """Every answer of the port, its 404s included, is read as the type it says."""
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")

@@ -10,6 +10,7 @@ import gzip
 import json
 import logging
 import socket
+import threading
 import time
 
 import grpc
@@ -347,3 +348,41 @@ def test_unknown_paths_are_404_and_http09_is_refused_on_http11(front):
     assert request(front.http_port, "GET", "/v2/repository/index")[0] == 403  # Triton's admin
     reply = raw_exchange(front.http_port, "GET /\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 505 "), reply[:80]
+
+
+def test_large_conversations_are_prepared_off_the_event_loop(openai_front):
+    """Four clients keep sending bodies of many empty messages (parsed and rendered on the
+    prepare pool, past the message cap refused there); `GET /v1/models` from another stays
+    prompt (before: each body blocked the front's loop for its whole parse and render)."""
+    many = json.dumps(
+        {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": ""}] * 1900}
+    ).encode()
+    fits = json.dumps(
+        {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "a"}] * 1000}
+    ).encode()
+    assert len(many) < 64 << 10 and len(fits) < 64 << 10
+    head, body = post(openai_front.http_port, CHAT, many, JSON)
+    assert status_of(head) == 400 and error_of(body)["param"] == "messages"
+    stop, statuses = threading.Event(), []
+
+    def hammer(body: bytes) -> None:
+        while not stop.is_set():
+            statuses.append(status_of(post(openai_front.http_port, CHAT, body, JSON)[0]))
+
+    threads = [threading.Thread(target=hammer, args=(b,)) for b in (many, fits) * 2]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.3)
+        took = []
+        for _ in range(10):
+            started = time.monotonic()
+            assert request(openai_front.http_port, "GET", "/v1/models")[0] == 200
+            took.append(time.monotonic() - started)
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    assert statuses and set(statuses) <= {200, 400, 429}
+    assert max(took) < 0.5, took

@@ -10,7 +10,7 @@ import http.client
 import json
 
 import pytest
-from helpers.front_fakes import front_config, request
+from helpers.front_fakes import front_config, raw_exchange, request
 
 from avspec.serving.front import Front
 from avspec.serving.server_process import free_port
@@ -27,6 +27,14 @@ def test_metrics_are_relayed_from_upstream(metrics_front: Front, fake_http) -> N
     status, body, _ = request(metrics_front.metrics_port, "GET", "/metrics")
     assert status == 200 and body == {"path": "/metrics"}  # the fake's answer, as it sent it
     assert fake_http.requests[-1].path == "/metrics"
+
+
+def test_every_answer_says_nosniff(metrics_front: Front) -> None:
+    for path in ("/metrics", "/elsewhere"):
+        reply = raw_exchange(
+            metrics_front.metrics_port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        assert b"\r\nX-Content-Type-Options: nosniff\r\n" in reply, reply[:200]
 
 
 @pytest.mark.parametrize("path", ["/v2/health/ready", "/", "/metrics/extra", "/v2/models/x"])

@@ -60,4 +60,5 @@ def install(relay: HttpRelay) -> Context:
     relay.serve("openai_completions", _route(context, completions))
     relay.serve("openai_chat", _route(context, chat_completions))
     relay.format_errors(PREFIX, _http_error)
+    relay.on_close(context.close)
     return context
