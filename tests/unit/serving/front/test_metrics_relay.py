@@ -31,9 +31,7 @@ def test_metrics_are_relayed_from_upstream(metrics_front: Front, fake_http) -> N
 
 def test_every_answer_says_nosniff(metrics_front: Front) -> None:
     for path in ("/metrics", "/elsewhere"):
-        reply = raw_exchange(
-            metrics_front.metrics_port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n"
-        )
+        reply = raw_exchange(metrics_front.metrics_port, f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n")
         assert b"\r\nX-Content-Type-Options: nosniff\r\n" in reply, reply[:200]
 
 
