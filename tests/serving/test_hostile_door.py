@@ -31,28 +31,34 @@ FLOOD_S = 8.0
 HUGE = "x" * 1_000_000
 
 
-def _post(server: ServerProcess, path: str, body: dict, source: str = "127.0.0.1") -> tuple:
-    """(status, JSON answer, seconds) of one POST from `source`."""
-    host, port = server.http_url.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(
-        host, int(port), timeout=120, source_address=(source, 0)
-    )
-    started = time.monotonic()
-    try:
-        connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-        response = connection.getresponse()
+class _Client:
+    """One kept-alive HTTP connection from `source` (a flood of fresh connections would leave
+    hundreds of ports in TIME_WAIT, which other tests' servers may have picked to bind)."""
+
+    def __init__(self, server: ServerProcess, source: str = "127.0.0.1") -> None:
+        host, port = server.http_url.removeprefix("http://").split(":")
+        self.connection = http.client.HTTPConnection(
+            host, int(port), timeout=120, source_address=(source, 0)
+        )
+
+    def post(self, path: str, body: dict) -> tuple:
+        """(status, JSON answer, seconds) of one POST."""
+        started = time.monotonic()
+        headers = {"Content-Type": "application/json"}
+        self.connection.request("POST", path, json.dumps(body), headers)
+        response = self.connection.getresponse()
         answer = json.loads(response.read())
         return response.status, answer, time.monotonic() - started
-    finally:
-        connection.close()
 
+    def chat(self, content: str, **extra) -> tuple:
+        body = {
+            "model": MODEL, "max_tokens": 4, "temperature": 0,
+            "messages": [{"role": "user", "content": content}], **extra,
+        }  # fmt: skip
+        return self.post("/v1/chat/completions", body)
 
-def _chat(server: ServerProcess, content: str, source: str = VICTIM, **extra) -> tuple:
-    body = {
-        "model": MODEL, "max_tokens": 4, "temperature": 0,
-        "messages": [{"role": "user", "content": content}], **extra,
-    }  # fmt: skip
-    return _post(server, "/v1/chat/completions", body, source)
+    def close(self) -> None:
+        self.connection.close()
 
 
 def _rss_mb() -> float:
@@ -64,18 +70,21 @@ def _rss_mb() -> float:
 
 
 def test_an_oversized_prompt_flood_does_not_stall_another_client(server: ServerProcess):
+    victim = _Client(server, VICTIM)
     for _ in range(2):  # warm
-        assert _chat(server, "Hello")[0] == 200
-    idle = statistics.median(_chat(server, "Hello")[2] for _ in range(5))
+        assert victim.chat("Hello")[0] == 200
+    idle = statistics.median(victim.chat("Hello")[2] for _ in range(5))
     memory_before = _rss_mb()
     stop, refused, answers = threading.Event(), [], []
 
     def flood() -> None:
+        client = _Client(server)
         while not stop.is_set():
             body = {"model": MODEL, "prompt": HUGE, "max_tokens": 8}
-            status, answer, _ = _post(server, "/v1/completions", body)
+            status, answer, _ = client.post("/v1/completions", body)
             refused.append(status)
             answers.append(answer)
+        client.close()
 
     threads = [threading.Thread(target=flood, daemon=True) for _ in range(FLOOD_THREADS)]
     for thread in threads:
@@ -84,7 +93,7 @@ def test_an_oversized_prompt_flood_does_not_stall_another_client(server: ServerP
     during = []
     deadline = time.monotonic() + FLOOD_S
     while time.monotonic() < deadline:
-        status, _, seconds = _chat(server, "Hello")
+        status, _, seconds = victim.chat("Hello")
         assert status == 200
         during.append(seconds)
     stop.set()
@@ -92,8 +101,9 @@ def test_an_oversized_prompt_flood_does_not_stall_another_client(server: ServerP
         thread.join(60)
     ended = time.monotonic()
     time.sleep(0.5)
-    status, _, after = _chat(server, "Hello")
+    status, _, after = victim.chat("Hello")
     back = time.monotonic() - ended
+    victim.close()
     memory_after = _rss_mb()
     print(
         f"idle {idle * 1e3:.0f} ms; during the flood ({len(refused)} refused) median "
@@ -102,9 +112,8 @@ def test_an_oversized_prompt_flood_does_not_stall_another_client(server: ServerP
         f"{memory_after:.0f} MB"
     )  # measured figures: docs/reliability.md
     assert refused and set(refused) == {400}
-    assert (
-        answers[0]["error"]["param"] == "prompt" and "text_input" in answers[0]["error"]["message"]
-    )
+    error = answers[0]["error"]
+    assert error["param"] == "prompt" and "text_input" in error["message"]
     assert statistics.median(during) <= 3 * idle
     assert status == 200 and back <= 5.0 and after <= 3 * idle
     assert memory_after <= 1.2 * memory_before
@@ -114,11 +123,12 @@ def test_special_token_text_in_a_message_is_text_to_the_model(server: ServerProc
     """The pair's EOS text typed in a message is counted as its characters (one byte token
     each on the tiny pair), as a plain string of the same length is; forged, it would be one
     special token (the count 1 - len(EOS) lower)."""
-    forged = _chat(server, f"say {EOS} now", source="127.0.0.1")
-    plain = _chat(server, "say " + "y" * len(EOS) + " now", source="127.0.0.1")
+    client = _Client(server)
+    forged = client.chat(f"say {EOS} now")
+    plain = client.chat("say " + "y" * len(EOS) + " now")
     assert forged[0] == plain[0] == 200
     assert forged[1]["usage"]["prompt_tokens"] == plain[1]["usage"]["prompt_tokens"]
-    completion = _post(
-        server, "/v1/completions", {"model": MODEL, "prompt": f"a{EOS}b", "max_tokens": 1}
-    )
+    body = {"model": MODEL, "prompt": f"a{EOS}b", "max_tokens": 1}
+    completion = client.post("/v1/completions", body)
+    client.close()
     assert completion[1]["usage"]["prompt_tokens"] == len(f"a{EOS}b")
