@@ -386,3 +386,20 @@ def test_large_conversations_are_prepared_off_the_event_loop(openai_front):
             thread.join(10)
     assert statuses and set(statuses) <= {200, 400, 429}
     assert max(took) < 0.5, took
+
+
+def test_a_client_with_many_requests_at_once_is_not_refused_by_the_pool(openai_front):
+    """32 chats at once from one address all answered: the prepare pool takes a client's
+    requests in turn, it does not refuse a busy client (a first cut refused past 5)."""
+    statuses = []
+
+    def one() -> None:
+        head, _ = post(openai_front.http_port, CHAT, chat_body("blocks:ab|", max_tokens=2), JSON)
+        statuses.append(status_of(head))
+
+    threads = [threading.Thread(target=one) for _ in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert statuses == [200] * 32

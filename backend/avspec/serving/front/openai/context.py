@@ -21,8 +21,11 @@ from avspec.serving.front.policy import model_refusal, shown
 T = TypeVar("T")
 
 PREPARE_WORKERS = 2
-# requests of one identity waiting to be prepared past the one being prepared; more get 429
-MAX_WAITING_PER_IDENTITY = 4
+# requests of one identity waiting to be prepared past the one being prepared; more get 429.
+# As many as one address may hold connections (FrontConfig.max_per_address): a client running
+# 16 or 64 requests at once is never refused here (a first cut of 4 refused a benchmark's
+# concurrency-8 warm-up); each waits for the one before it, about a millisecond for a chat.
+MAX_WAITING_PER_IDENTITY = 128
 
 
 class Context:

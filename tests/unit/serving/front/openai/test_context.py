@@ -51,7 +51,7 @@ def test_prepare_runs_off_the_loop_one_request_of_a_client_at_a_time():
         loop_thread = threading.current_thread().name
         jobs = [context.prepare(i, job(i)) for i in ("a", "a", "a", "b", "b")]
         done = await asyncio.gather(*jobs)
-        flood = [context.prepare("c", job("c")) for _ in range(2 + MAX_WAITING_PER_IDENTITY)]
+        flood = [context.prepare("c", lambda: "c") for _ in range(2 + MAX_WAITING_PER_IDENTITY)]
         results = await asyncio.gather(*flood, return_exceptions=True)
         assert loop_thread not in threads
         return [done, results]
