@@ -199,6 +199,7 @@ http {{
     listen 127.0.0.1:{http_port};
     location / {{
       proxy_pass http://replicas_http;
+      proxy_set_header Host $http_host;  # the client's Host (an IP here), not the upstream's
       proxy_http_version 1.1;
       proxy_buffering off;
       proxy_read_timeout 300s;

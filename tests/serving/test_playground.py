@@ -112,7 +112,8 @@ async def _drive(endpoint: str, url: str, screenshot) -> str:
                 return result["result"].get("value", "")
 
             deadline = time.monotonic() + DEADLINE_S
-            while await evaluate("document.readyState") != "complete":
+            loaded = "document.readyState === 'complete' && !!document.getElementById('ask')"
+            while await evaluate(loaded) is not True:  # about:blank is complete at first
                 assert time.monotonic() < deadline, "the page did not load"
                 await asyncio.sleep(0.1)
             # the page never sends on its own (a link must not spend compute): press send
