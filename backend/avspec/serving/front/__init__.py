@@ -21,7 +21,9 @@ logging, shared memory) with 403, unless the front was given the operator's admi
 request carries it: then it is forwarded as is (the key itself is not).
 
 On every forwarded call the front sets the caller's identity `avspec-client` (the model uses it
-for per-client fairness; see policy for what an identity is). Whatever a client sends in any
+for per-client fairness; see policy for what an identity is: an API key's name when the operator
+configured keys, else the address). With keys, calls other than health need one (401 /
+UNAUTHENTICATED). Whatever a client sends in any
 header or metadata key containing `avspec` is dropped, and request parameters (or generate
 fields) named `avspec-*` are refused, so the identity cannot be spoofed.
 

@@ -11,14 +11,19 @@ validation would not replace the front's rules, which are neither REST routes no
 models. So aiohttp parses HTTP on both sides, and the project keeps only its rules:
 
 * routes (front.http_routes): what is public, what needs the operator's admin key;
+* who may call (policy): with API keys configured, every route but health and the page needs
+  `Authorization: Bearer KEY` (401), the key's name the caller's identity; a `Host` that is not
+  an IP, localhost or an allowed name is 421 (DNS rebinding); a POST with a foreign `Origin` is
+  403 and the /v1 routes take JSON only (415): a page on another site cannot spend compute;
 * a request head of at most `max_header_bytes` (431; Triton 2.51 breaks on heads past about
-  8.1 KB), read within `read_timeout_s` (408; front.http_connection), connections per IP address
+  8.1 KB), read within `header_timeout_s` (408; front.http_connection), connections per IP address
   and in total (429 / 503; front.limits);
 * bodies over `max_body_bytes` get 413 before a byte is read, also in place of
   `100 Continue` (Triton 2.51's HTTP front end crashes on a ~10 MB body sent with
   `Expect: 100-continue`); generate bodies are type-checked against the model's inputs
   (front.schema), infer parameters named `avspec-*` refused;
-* the caller's identity (its IP, see policy) goes upstream in header `avspec-client` and, for
+* the caller's identity (its key's name, or its IP; see policy) goes upstream in header
+  `avspec-client` and, for
   generate and generate_stream, as the body field `"avspec-client"`: Triton 2.51 does not
   forward HTTP headers to the model for /generate, but makes unknown generate fields request
   parameters. A client cannot send that field itself (an unknown field is a 400);
