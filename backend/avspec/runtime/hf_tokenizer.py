@@ -172,18 +172,17 @@ class HFTokenizer:
         """
         parts, edge = [], 0
         for start, end in plain:
-            parts += [(text[edge:start], False), (text[start:end], True)]
+            parts += [(text[edge:start], self._tokenizer), (text[start:end], self._plain)]
             edge = end
-        parts.append((text[edge:], False))
-        parts = [(part, is_plain) for part, is_plain in parts if part]
+        parts.append((text[edge:], self._tokenizer))
         # encode_batch releases the GIL while it works (encode holds it): a long prompt
         # tokenized on the entry's worker thread must not stall the scheduler thread
-        encoded: dict[bool, list[tokenizers.Encoding]] = {}
-        for is_plain, tokenizer in ((False, self._tokenizer), (True, self._plain)):
-            texts = [part for part, p in parts if p == is_plain]
-            encoded[is_plain] = tokenizer.encode_batch(texts, add_special_tokens=False)
-        taken = {False: iter(encoded[False]), True: iter(encoded[True])}
-        ids = [i for _, is_plain in parts for i in next(taken[is_plain]).ids]
+        ids = [
+            i
+            for part, tokenizer in parts
+            if part
+            for i in tokenizer.encode_batch([part], add_special_tokens=False)[0].ids
+        ]
         return [self.bos_id, *ids] if self.add_bos and self.bos_id is not None else ids
 
     def decode(self, ids: Iterable[int]) -> str:

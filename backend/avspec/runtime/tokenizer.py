@@ -24,9 +24,8 @@ class StreamDecoder(Protocol):
         """Feed token ids; return the text that is complete so far (possibly "")."""
         ...
 
-    def flush(self, incomplete: bool = True) -> str:
-        """Return whatever is held back and reset for a new stream; an incomplete last
-        character as U+FFFD, or with `incomplete` False left out."""
+    def flush(self) -> str:
+        """Return whatever is held back and reset for a new stream."""
         ...
 
 
@@ -91,13 +90,9 @@ class IncrementalDecoder:
         """Feed token ids; return the text of every character completed so far."""
         return self._decoder.decode(_to_bytes(ids, self._eos_id), final=False)
 
-    def flush(self, incomplete: bool = True) -> str:
-        """Return whatever is held back (an incomplete character becomes U+FFFD, or with
-        `incomplete` False is left out) and reset."""
-        if incomplete:
-            return self._decoder.decode(b"", final=True)
-        self._decoder.reset()
-        return ""
+    def flush(self) -> str:
+        """Return whatever is held back (an incomplete character becomes U+FFFD) and reset."""
+        return self._decoder.decode(b"", final=True)
 
 
 def _to_bytes(ids: Iterable[int], eos_id: int) -> bytes:

@@ -146,8 +146,7 @@ class PromptRequest:
 
     def tokenize(self, tokenizer: Tokenizer) -> GenerationRequest:
         """`generation` of the text's token ids, its plain spans encoded as text."""
-        ids = tokenizer.encode(self.text, self.plain) if self.plain else tokenizer.encode(self.text)
-        return self.generation(ids)
+        return self.generation(tokenizer.encode(self.text, self.plain))
 
 
 def parse_prompt_request(
@@ -252,12 +251,14 @@ def _plain_spans(spans: np.ndarray | None, raw: bytes) -> tuple[tuple[int, int],
             f"plain_spans must be ascending, disjoint byte offsets within text_input's "
             f"{len(raw)} bytes"
         )
-    chars = []
+    chars, done, count = [], 0, 0  # one pass over the text, however many edges
     for edge in edges:
         try:
-            chars.append(len(raw[:edge].decode("utf-8")))
+            count += len(raw[done:edge].decode("utf-8"))
         except UnicodeDecodeError:
             raise RequestError(f"plain_spans offset {edge} splits a UTF-8 character") from None
+        chars.append(count)
+        done = edge
     return tuple((a, b) for a, b in zip(chars[::2], chars[1::2], strict=True) if b > a)
 
 
