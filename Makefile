@@ -7,7 +7,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: help venv test unit lint format clean serve models tiny-models workloads bench soak costs draft draft-vocab card
+.PHONY: help venv llamacpp test unit lint format clean serve models tiny-models workloads bench soak costs draft draft-vocab card
 
 # `make` alone: every target with its line (the `## ` comment after the target).
 help:
@@ -20,11 +20,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
-test: $(STAMP) ## the whole suite: unit tests and the real-server tests
+# llama.cpp's engine (llama-cpp-python, pinned) compiled for this CPU: 4-15 minutes the first time
+# on a kind of CPU, instant afterwards (the wheel is kept under ~/.cache/avspec/llamacpp/ by the
+# CPU's flags, never reused on a CPU with other instructions); a no-op when the venv's build fits.
+llamacpp: $(STAMP) ## build llama.cpp's engine for this CPU (first time 4-15 minutes) and install it
+	$(PY) -m avspec.tools.llamacpp_build
+
+test: $(STAMP) llamacpp ## the whole suite: unit tests and the real-server tests
 	$(PY) -m pytest -q
 
 # Every server-free test (tests/unit); `make test` adds tests/serving, which starts the real server.
-unit: $(STAMP) ## the server-free tests only (tests/unit, about two minutes)
+unit: $(STAMP) llamacpp ## the server-free tests only (tests/unit, about two minutes)
 	$(PY) -m pytest -q tests/unit
 
 lint: $(STAMP) ## ruff check and ruff format --check

@@ -46,9 +46,10 @@ import torch
 from avspec.av.drafting import DraftPlan, draft_limits, keeps_drafting, stop_confidence
 from avspec.av.features import logit_qmax
 from avspec.contract import StepInputs, read_step_inputs
-from avspec.engine.draft_vocab import DraftVocab, ReducedHead, check_token_ids
+from avspec.engine.draft_vocab import DraftVocab, KeptColumns, ReducedHead, check_token_ids
 from avspec.engine.sampling import draft_warp, sample
 from avspec.engine.stage import DRAFT_SALT, ModelStage
+from avspec.runtime.transformer import Transformer
 
 
 @dataclass
@@ -81,11 +82,15 @@ class DraftStage(ModelStage):
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0: the target's warp), got {top_k!r}")
         self.top_k = top_k
-        self.head: ReducedHead | None = None
+        self.head: ReducedHead | KeptColumns | None = None
         if draft_vocab is not None:
             where = f"draft vocabulary {draft_vocab.path}" if draft_vocab.path else "draft_vocab"
             check_token_ids(list(draft_vocab.token_ids), self.vocab_width, where)
-            self.head = ReducedHead(self.model, draft_vocab)
+            self.head = (
+                ReducedHead(self.model, draft_vocab)
+                if isinstance(self.model, Transformer)
+                else KeptColumns(self.model.vocab_size, draft_vocab)
+            )
 
     @torch.inference_mode()
     def __call__(self, inputs: StepInputs) -> DraftOutput:

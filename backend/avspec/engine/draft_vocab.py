@@ -199,6 +199,25 @@ class ReducedHead:
         return scatter_kept(kept, self.index, self.vocab_size)
 
 
+class KeptColumns:
+    """The reduced output layer of a model whose forward returns every id's logits (llama.cpp's
+    engine: ggml computes the whole output layer, it cannot take a subset of its rows): the
+    kept ids' columns of those logits. The same face as `ReducedHead` (`index`,
+    `kept_logits`), so the draft stage samples in the map's index space either way."""
+
+    def __init__(self, vocab_size: int, vocab: DraftVocab) -> None:
+        check_token_ids(list(vocab.token_ids), vocab_size, "draft vocabulary")
+        self.vocab_size = vocab_size
+        self.index = torch.tensor(vocab.token_ids, dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def kept_logits(self, x: Tensor) -> Tensor:
+        """x: [..., vocab] logits -> the kept ids' logits [..., kept]."""
+        return x.index_select(x.dim() - 1, self.index)
+
+
 def scatter_kept(kept: Tensor, index: Tensor, vocab_size: int) -> Tensor:
     """kept: [..., n] values of the ids `index` [n] int64 -> [..., vocab_size]: kept[..., j] at
     id index[j], -inf at every other id (so softmax gives those ids 0)."""

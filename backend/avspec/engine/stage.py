@@ -27,7 +27,13 @@ import torch
 
 from avspec.contract import HostStep
 from avspec.runtime.kv_cache import KVCache
+from avspec.runtime.llamacpp.model import GGUFModel
+from avspec.runtime.llamacpp.sequences import SequencePool
 from avspec.runtime.transformer import Transformer
+
+# What a stage runs: the torch runtime's model and cache, or llama.cpp's (avspec.runtime.llamacpp)
+StageModel = Transformer | GGUFModel
+StageCache = KVCache | SequencePool
 
 DRAFT_SALT = 0
 TARGET_SALT = 0x5DEECE66D_2545F491
@@ -39,7 +45,7 @@ class SequenceSlots:
 
     def __init__(
         self,
-        cache: KVCache,
+        cache: StageCache,
         device: torch.device | str,
         salt: int,
         idle_timeout_s: float | None = None,
@@ -124,8 +130,8 @@ class ModelStage:
 
     def __init__(
         self,
-        model: Transformer,
-        cache: KVCache,
+        model: StageModel,
+        cache: StageCache,
         max_draft_tokens: int,
         idle_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -134,7 +140,7 @@ class ModelStage:
     ) -> None:
         if max_draft_tokens < 1:
             raise ValueError(f"max_draft_tokens must be >= 1, got {max_draft_tokens}")
-        vocab = model.config.vocab_size
+        vocab = model.vocab_size
         if vocab_limit is not None and not 1 <= vocab_limit <= vocab:
             raise ValueError(
                 f"vocab_limit must lie in 1..{vocab} (the model's rows), got {vocab_limit}"
@@ -142,18 +148,18 @@ class ModelStage:
         self.vocab_limit = None if vocab_limit == vocab else vocab_limit
         self.model = model
         self.max_draft_tokens = max_draft_tokens
-        self.device = next(model.parameters()).device
+        self.device = model.device
         self.check_values = check_values
         self.slots = SequenceSlots(cache, self.device, self.SALT, idle_timeout_s, clock)
 
     @property
-    def cache(self) -> KVCache:
+    def cache(self) -> StageCache:
         return self.slots.cache
 
     @property
     def vocab_width(self) -> int:
         """The contract's vocabulary dimension: `vocab_limit`, else the model's rows."""
-        return self.vocab_limit or self.model.config.vocab_size
+        return self.vocab_limit or self.model.vocab_size
 
     def mask_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """Set logits [..., vocab] at ids >= vocab_limit to -inf (in place); return them."""

@@ -12,3 +12,5 @@ SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 # a draft stored without the embedding it shares with its target (avspec.tools.draft_embedding)
 SHARED_EMBEDDING_FILE = "shared_embedding.json"
 TOKENIZER_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE)
+# the same model as a GGUF file, beside the checkpoint: what llama.cpp's engine loads
+GGUF_FILE = "model.gguf"

@@ -243,6 +243,16 @@ class Transformer(nn.Module):
             config.rope_style,
         )  # fmt: skip
 
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the output layer (the stages' vocabulary, before any `vocab_limit`)."""
+        return self.config.vocab_size
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights live."""
+        return next(self.parameters()).device
+
     @classmethod
     def empty(
         cls,

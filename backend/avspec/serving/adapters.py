@@ -36,8 +36,9 @@ from avspec.config import EstimatorConfig
 from avspec.contract import VerifierInputs, base_tokens
 from avspec.engine.draft_stage import DraftStage
 from avspec.engine.draft_vocab import resolve_draft_vocab
-from avspec.engine.stage import ModelStage
+from avspec.engine.stage import ModelStage, StageCache, StageModel
 from avspec.engine.target_stage import TargetStage
+from avspec.runtime.llamacpp.model import EngineSettings, GGUFModel
 from avspec.runtime.precision import load_served_model
 from avspec.serving.repository import (
     StageParams,
@@ -129,13 +130,7 @@ class StageAdapter(ABC):
     stage_class: ClassVar[type[ModelStage]]
 
     def __init__(self, params: StageParams, root: Path) -> None:
-        model = load_served_model(
-            resolve_path(root, params.model_dir),
-            params.device,
-            params.dtype,
-            max_length=params.max_length,
-        )
-        cache = model.new_cache(params.max_sequences, params.max_length, params.device)
+        model, cache = load_stage_model(params, root)
         extra = {}
         if params.draft_top_k:
             if self.stage_class is not DraftStage:
@@ -145,7 +140,7 @@ class StageAdapter(ABC):
             if self.stage_class is not DraftStage:
                 raise ValueError("draft_vocab is a parameter of the draft model only")
             model_dir = resolve_path(root, params.model_dir)
-            width = params.vocab_limit or model.config.vocab_size
+            width = params.vocab_limit or model.vocab_size
             vocab = resolve_draft_vocab(model_dir, params.draft_vocab, width)
             if vocab is None:
                 logger.info("draft vocabulary: the whole vocabulary (%s has no map)", model_dir)
@@ -170,6 +165,24 @@ class StageAdapter(ABC):
     @abstractmethod
     def __call__(self, tensors: Tensors) -> dict[str, torch.Tensor]:
         """The stage's output tensors for one request's input tensors."""
+
+
+def load_stage_model(params: StageParams, root: Path) -> tuple[StageModel, StageCache]:
+    """The stage's model and KV cache on its engine: the checkpoint in `dtype` on torch, or
+    the GGUF file on llama.cpp (sized for `max_sequences` rows of K + 1 logits each)."""
+    model_dir = resolve_path(root, params.model_dir)
+    if params.engine == "llamacpp":
+        settings = EngineSettings(
+            max_sequences=params.max_sequences,
+            pool_tokens=params.kv_pool_tokens or params.max_sequences * params.max_length,
+            max_outputs=params.max_sequences * (params.max_draft_tokens + 1),
+            threads=params.threads,
+            max_length=params.max_length,
+        )
+        gguf = GGUFModel(resolve_path(model_dir, params.gguf), settings)
+        return gguf, gguf.new_cache()
+    model = load_served_model(model_dir, params.device, params.dtype, max_length=params.max_length)
+    return model, model.new_cache(params.max_sequences, params.max_length, params.device)
 
 
 class DraftAdapter(StageAdapter):

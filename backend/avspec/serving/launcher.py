@@ -50,7 +50,7 @@ from avspec.serving.exposure import (
 from avspec.serving.front.config import Access
 from avspec.serving.gguf_models import model_directory
 from avspec.serving.model_pair import prepare_pair
-from avspec.serving.repository import SERVING_DTYPES, copy_repository
+from avspec.serving.repository import ENGINES, SERVING_DTYPES, copy_repository
 from avspec.serving.restart import RestartBudget
 from avspec.serving.sandbox import (
     DEFAULT_SERVER_USER,
@@ -160,6 +160,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "(avspec.runtime.precision)",
         )
     parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        help="both stages' runtime (their `engine` parameter; default: the repository's): "
+        "torch (the Hugging Face checkpoint in --*-dtype) or llamacpp (llama.cpp's ggml on the "
+        "CPU, serving each model directory's model.gguf as it is quantized; `make llamacpp`)",
+    )
+    parser.add_argument(
         "--gguf-cache",
         type=Path,
         default=DEFAULT_GGUF_CACHE,
@@ -262,12 +269,12 @@ def prepare_repository(
     draft_model: Path | None,
     target_model: Path | None,
     workdir: Path,
-    dtypes: dict[str, str] | None = None,
+    settings: dict[str, dict[str, str]] | None = None,
 ) -> Path:
     """Check the pair (`avspec.serving.model_pair.prepare_pair`) when one is given, print its
     lines and return a copy of `repository` under `workdir` with the pair's overrides and the
-    stages' `dtypes` ({"target": "w8a8"}, ...). Raises PairError (a ValueError, the pair
-    check's one message) before anything is copied or loaded."""
+    stages' `settings` ({"target": {"dtype": "w8a8", "engine": "torch"}, ...}). Raises
+    PairError (a ValueError, the pair check's one message) before anything is copied or loaded."""
     overrides: dict[str, dict[str, object]] = {}
     if draft_model is not None or target_model is not None:
         pair = prepare_pair(
@@ -278,16 +285,21 @@ def prepare_repository(
         for line in pair.lines:
             print(line, flush=True)
         overrides = {stage: dict(values) for stage, values in pair.overrides.items()}
-    for stage, dtype in (dtypes or {}).items():
-        overrides.setdefault(stage, {})["dtype"] = dtype
-        print(f"avspec: {stage} stage dtype {dtype}", flush=True)
+    for stage, values in (settings or {}).items():
+        for name, value in values.items():
+            overrides.setdefault(stage, {})[name] = value
+            print(f"avspec: {stage} stage {name} {value}", flush=True)
     return copy_repository(repository, workdir / repository.name, overrides)
 
 
-def _stage_dtypes(args: argparse.Namespace) -> dict[str, str]:
-    """The --target-dtype / --draft-dtype given, by stage."""
+def _stage_settings(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+    """The --target-dtype / --draft-dtype / --engine given, by stage."""
     given = {"target": args.target_dtype, "draft": args.draft_dtype}
-    return {stage: dtype for stage, dtype in given.items() if dtype is not None}
+    settings = {stage: {"dtype": dtype} for stage, dtype in given.items() if dtype is not None}
+    if args.engine is not None:
+        for stage in given:
+            settings.setdefault(stage, {})["engine"] = args.engine
+    return settings
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -386,10 +398,10 @@ def _serve_in(args: argparse.Namespace, workdir: Path, secrets: Secrets) -> int:
     server = None
     try:
         repositories = list(args.model_repository)
-        dtypes = _stage_dtypes(args)
-        if args.draft_model is not None or args.target_model is not None or dtypes:
+        settings = _stage_settings(args)
+        if args.draft_model is not None or args.target_model is not None or settings:
             repositories[0] = prepare_repository(
-                repositories[0], args.draft_model, args.target_model, workdir, dtypes
+                repositories[0], args.draft_model, args.target_model, workdir, settings
             )
         server = ServerProcess(
             repositories[0],

@@ -157,21 +157,30 @@ def test_launcher_sets_the_stage_dtypes_it_is_given(
 ) -> None:
     draft, target = pair
     args = launcher.parse_args(["--model-repository", str(REPOSITORY), "--target-dtype", "w8a8"])
-    dtypes = launcher._stage_dtypes(args)
-    assert dtypes == {"target": "w8a8"}
-    copy = launcher.prepare_repository(REPOSITORY, draft, target, tmp_path / "a", dtypes)
+    settings = launcher._stage_settings(args)
+    assert settings == {"target": {"dtype": "w8a8"}}
+    copy = launcher.prepare_repository(REPOSITORY, draft, target, tmp_path / "a", settings)
     assert "target stage dtype w8a8" in capsys.readouterr().out
     params = read_config_parameters((copy / "target" / "config.pbtxt").read_text())
     assert params["dtype"] == "w8a8" and params["model_dir"] == str(target.resolve())
     draft_params = read_config_parameters((copy / "draft" / "config.pbtxt").read_text())
     assert draft_params["dtype"] == "auto"  # not given: the repository's
     # a dtype alone (no pair given) still rewrites a copy
-    alone = launcher.prepare_repository(REPOSITORY, None, None, tmp_path / "b", {"draft": "int4"})
+    alone = launcher.prepare_repository(
+        REPOSITORY, None, None, tmp_path / "b", {"draft": {"dtype": "int4"}}
+    )
     assert read_config_parameters((alone / "draft" / "config.pbtxt").read_text())["dtype"] == "int4"
     gpu = launcher.parse_args(["--model-repository", str(REPOSITORY), "--target-dtype", "float16"])
-    assert launcher._stage_dtypes(gpu) == {"target": "float16"}  # the GPU container's launcher
+    assert launcher._stage_settings(gpu) == {"target": {"dtype": "float16"}}  # the GPU launcher
     with pytest.raises(SystemExit):
         launcher.parse_args(["--model-repository", str(REPOSITORY), "--target-dtype", "int2"])
+    engine = launcher.parse_args(["--model-repository", str(REPOSITORY), "--engine", "llamacpp"])
+    assert launcher._stage_settings(engine) == {
+        "target": {"engine": "llamacpp"},
+        "draft": {"engine": "llamacpp"},
+    }
+    with pytest.raises(SystemExit):
+        launcher.parse_args(["--model-repository", str(REPOSITORY), "--engine", "onnx"])
     capsys.readouterr()
 
 
