@@ -35,8 +35,11 @@ class GGUFFile:
         self.path = Path(path)
         try:
             self._reader = GGUFReader(self.path, "r")
-        except (OSError, ValueError) as err:
-            raise GGUFError(f"{self.path}: not a readable GGUF file: {err}") from None
+        except (OSError, ValueError, IndexError, KeyError) as err:  # IndexError: cut short
+            raise GGUFError(
+                f"{self.path}: not a readable GGUF file (truncated or not GGUF): "
+                f"{type(err).__name__}: {err}"
+            ) from None
         self._tensors = {t.name: t for t in self._reader.tensors}
 
     @property

@@ -188,6 +188,11 @@ class GGUFModel:
         status = self.binding.llama_decode(self._ctx, batch)
         if status == 1:
             raise CacheLimitError("llama.cpp found no KV cells for the batch (the pool is full)")
+        if status == -1:
+            raise RuntimeError(
+                "llama_decode refused the batch: its positions do not follow the sequences' "
+                "cached positions, or a token is out of range (llama.cpp's log says which)"
+            )
         if status != 0:
             raise RuntimeError(f"llama_decode failed with status {status}")
 

@@ -88,7 +88,11 @@ def parting_gap(binding, path, prompt: list[int], want: list[int], have: list[in
     if index is None:
         return None
     llm = binding.Llama(
-        model_path=str(path), n_ctx=CONTEXT, n_threads=2, verbose=False, logits_all=True,
+        model_path=str(path),
+        n_ctx=CONTEXT,
+        n_threads=2,
+        verbose=False,
+        logits_all=True,
         flash_attn=False,
     )
     llm.eval(prompt + want[:index])
