@@ -59,7 +59,7 @@ TARGET_MODEL ?= models/target
 # The stages' serving precision (default: the repository's `auto`); e.g. TARGET_DTYPE=w8a8.
 TARGET_DTYPE ?=
 DRAFT_DTYPE ?=
-serve: $(STAMP) $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
+serve: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors models/draft/model.gguf) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
 	$(PY) -m avspec.serving.launcher --model-repository model_repository \
 		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
@@ -82,9 +82,15 @@ models/target/config.json: | $(STAMP)
 models/draft/model.safetensors: models/target/config.json models/draft/draft_layers.safetensors
 	$(PY) -m avspec.tools.draft_embedding --target models/target --draft models/draft
 
+# llama.cpp's engine serves the draft from a GGUF the project writes (Q8_0 layers, the target's
+# own Q8_0 embedding blocks copied as they are); the target's is its published file, models/target/model.gguf.
+models/draft/model.gguf: models/draft/model.safetensors
+	$(PY) -m avspec.tools.draft_gguf --draft models/draft --out models/draft/model.gguf
+
 models: $(STAMP) ## fetch and convert the default target, SmolLM2-135M-Instruct (models/target), assemble the draft
 	$(PY) -m avspec.tools.fetch_target --out models/target
 	$(PY) -m avspec.tools.draft_embedding --target models/target --draft models/draft
+	$(PY) -m avspec.tools.draft_gguf --draft models/draft --out models/draft/model.gguf
 
 # Retrain the tiny pair + its model card (models/tiny, the default before SmolLM2): BPE
 # tokenizer, Llama target, draft distilled from it (reproducible from seed, steps and 2 threads).

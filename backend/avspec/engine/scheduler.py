@@ -113,7 +113,11 @@ class Scheduler:
     The admission limits, the resident bound, the wall-clock limit and the refit guard default
     to off (unbounded queue and residency, no limit, every row labelled); the served entry model
     sets them from its parameters (docs/serving.md). The fair share of the batch is always on.
-    `clock` (seconds, monotonic) times the wall-clock limit.
+    `kv_pool_tokens`: the stages keep every sequence's keys and values in one shared pool of that
+    many cells (llama.cpp's engine): a request is admitted only while the admitted ones' prompt +
+    max_tokens + K fit in it together, and one that could never fit is refused (None: each
+    sequence has its own `max_context` slot). `clock` (seconds, monotonic) times the wall-clock
+    limit.
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class Scheduler:
         first_seq_id: int = 1,
         max_resident: int | None = None,
         request_timeout_s: float | None = None,
+        kv_pool_tokens: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_batch_size < 1:
@@ -148,6 +153,9 @@ class Scheduler:
             )
         if request_timeout_s is not None and not request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0 or None, got {request_timeout_s}")
+        if kv_pool_tokens is not None and kv_pool_tokens < 2 + max_draft_tokens:
+            raise ValueError(f"kv_pool_tokens must be >= {2 + max_draft_tokens} or None, "
+                             f"got {kv_pool_tokens}")  # fmt: skip
         self.step_fn = step_fn
         self.eos_ids = as_eos_ids(eos_ids)
         self.max_batch_size = max_batch_size
@@ -155,6 +163,7 @@ class Scheduler:
         self.max_draft_tokens = max_draft_tokens
         self.max_resident = max_resident
         self.request_timeout_s = request_timeout_s
+        self.kv_pool_tokens = kv_pool_tokens
         self.clock = clock
         self.counters = SchedulerCounters()
         self._lock = threading.RLock()
@@ -302,13 +311,18 @@ class Scheduler:
             raise ValueError(f"top_p must lie in (0, 1], got {request.top_p}")
         if not isinstance(request.client, str):
             raise ValueError(f"client must be a string, got {type(request.client).__name__}")
-        need = len(request.prompt_ids) + request.max_tokens + self.max_draft_tokens
-        if need > self.max_context:
-            raise ValueError(
-                f"prompt ({len(request.prompt_ids)}) + max_tokens ({request.max_tokens}) + "
-                f"draft tokens ({self.max_draft_tokens}) = {need} exceeds max_context "
-                f"{self.max_context}"
-            )
+        need = self._need(request)
+        for limit, name in ((self.max_context, "max_context"), (self.kv_pool_tokens, "the KV "
+                            "pool's cells (kv_pool_tokens)")):  # fmt: skip
+            if limit is not None and need > limit:
+                raise ValueError(
+                    f"prompt ({len(request.prompt_ids)}) + max_tokens ({request.max_tokens}) + "
+                    f"draft tokens ({self.max_draft_tokens}) = {need} exceeds {name} {limit}"
+                )
+
+    def _need(self, request: GenerationRequest) -> int:
+        """Positions a request may hold in the stages' caches at most."""
+        return len(request.prompt_ids) + request.max_tokens + self.max_draft_tokens
 
     def _drop(self, seq: SequenceState) -> None:
         """Take `seq` out of the queue or the batch (lock held); release what the stages hold."""
@@ -366,8 +380,15 @@ class Scheduler:
             live[client] -= excess
             self.counters.preemptions += excess
 
+        # a shared KV pool: admit a new request only while every admitted one can still reach
+        # its longest (paused ones keep their cells), so no step runs out of cells
+        cells = math.inf
+        if self.kv_pool_tokens is not None:
+            held = [*self._live, *(s for s in self._queue if s.stepped)]
+            cells = self.kv_pool_tokens - sum(self._need(s.request) for s in held)
+
         def fits(seq: SequenceState) -> bool:
-            return seq.stepped or room > 0
+            return seq.stepped or (room > 0 and self._need(seq.request) <= cells)
 
         def under_quota(client: str, seq: SequenceState) -> bool:
             return live[client] < quotas.get(client, 0) and fits(seq)
@@ -382,6 +403,7 @@ class Scheduler:
                 live[seq.request.client] += 1
                 if not seq.stepped:
                     room -= 1
+                    cells -= self._need(seq.request)
 
     def _find(self, seq_id: int) -> SequenceState | None:
         for seq in (*self._queue, *self._live):

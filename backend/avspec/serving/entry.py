@@ -26,6 +26,7 @@ useful request time limit).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections import Counter
@@ -77,31 +78,44 @@ class StageLimits:
 
     max_sequences: int | None = None  # the fewest KV cache slots of the stages
     idle_timeout_s: float | None = None  # the shortest idle sweep of the stages
+    kv_pool_tokens: int | None = None  # the smallest shared KV pool (llama.cpp's engine)
 
 
 @dataclass(frozen=True)
 class _StageConfig:
     max_sequences: int | None = None
     idle_timeout_s: float | None = None
+    engine: str = "torch"
+    max_length: int | None = None
+    kv_pool_tokens: int = 0
+
+    @property
+    def pool(self) -> int | None:
+        """The cells of the stage's shared KV pool (None: a slot per sequence, torch's cache)."""
+        if self.engine != "llamacpp":
+            return None
+        return self.kv_pool_tokens or (self.max_sequences or 0) * (self.max_length or 0) or None
 
 
 def stage_limits(model_directory: str | Path) -> StageLimits:
     """`StageLimits` from the `draft` and `target` config.pbtxt next to the entry model whose
     directory is `model_directory` (Triton's `args["model_repository"]`); a missing config or
     parameter states nothing."""
-    slots, idle = [], []
+    slots, idle, pools = [], [], []
     for model in STAGE_MODELS:
         config = Path(model_directory).parent / model / "config.pbtxt"
         if not config.is_file():
             continue
         params = read_config_parameters(config.read_text())
-        wanted = {k: v for k, v in params.items() if k in ("max_sequences", "idle_timeout_s")}
-        stage = from_parameters(_StageConfig, wanted)
+        names = {f.name for f in dataclasses.fields(_StageConfig)}
+        stage = from_parameters(_StageConfig, {k: v for k, v in params.items() if k in names})
         if stage.max_sequences is not None:
             slots.append(stage.max_sequences)
         if stage.idle_timeout_s is not None:
             idle.append(stage.idle_timeout_s)
-    return StageLimits(min(slots, default=None), min(idle, default=None))
+        if stage.pool is not None:
+            pools.append(stage.pool)
+    return StageLimits(min(slots, default=None), min(idle, default=None), min(pools, default=None))
 
 
 def entry_scheduler(
@@ -132,7 +146,8 @@ def entry_scheduler(
         max_queued=params.max_queued, max_queued_per_client=params.max_queued_per_client,
         refit_max_temperature=params.refit_max_temperature,
         refit_client_share=params.refit_client_share,
-        max_resident=resident, request_timeout_s=timeout, **kw,
+        max_resident=resident, request_timeout_s=timeout, kv_pool_tokens=limits.kv_pool_tokens,
+        **kw,
     )  # fmt: skip
 
 

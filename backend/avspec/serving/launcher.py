@@ -49,7 +49,7 @@ from avspec.serving.exposure import (
 )
 from avspec.serving.front.config import Access
 from avspec.serving.gguf_models import model_directory
-from avspec.serving.model_pair import prepare_pair
+from avspec.serving.model_pair import prepare_pair, shared_pool_overrides
 from avspec.serving.repository import ENGINES, SERVING_DTYPES, copy_repository
 from avspec.serving.restart import RestartBudget
 from avspec.serving.sandbox import (
@@ -289,6 +289,9 @@ def prepare_repository(
         for name, value in values.items():
             overrides.setdefault(stage, {})[name] = value
             print(f"avspec: {stage} stage {name} {value}", flush=True)
+    if draft_model is not None or target_model is not None:
+        for line in shared_pool_overrides(repository, pair, overrides):
+            print(line, flush=True)
     return copy_repository(repository, workdir / repository.name, overrides)
 
 

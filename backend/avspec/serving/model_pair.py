@@ -51,6 +51,7 @@ class ModelSummary:
     num_parameters: int
     max_position_embeddings: int
     kv_bytes_per_token: int
+    kv_values_per_token: int
     max_sequences: int
     max_length: int
 
@@ -196,6 +197,7 @@ def _summary(
         num_parameters=num_parameters,
         max_position_embeddings=max_positions,
         kv_bytes_per_token=config.kv_values_per_token * precision.dtype.itemsize,
+        kv_values_per_token=config.kv_values_per_token,
         max_sequences=stage.max_sequences,
         max_length=max_length,
     )
@@ -203,3 +205,34 @@ def _summary(
 
 def _mib(size: int) -> str:
     return f"{size / 2**20:.1f} MiB"
+
+
+def shared_pool_overrides(
+    repository: Path | str, pair: PreparedPair, overrides: dict[str, dict[str, object]]
+) -> list[str]:
+    """When both stages run llama.cpp's engine (its `engine` in `overrides`, else the
+    repository's), serve the pair's own context: each stage's `max_length` and the entry's
+    `max_context` become the models' `max_position_embeddings`, and the KV cells the stage
+    reserved before (`kv_pool_tokens`, else max_sequences x max_length) become one pool shared
+    by every sequence. Updates `overrides` in place; returns the lines to print."""
+    repository = Path(repository)
+    params = {role: _parameters(repository, role) for role in STAGES}
+    engines = {role: str(overrides.get(role, {}).get("engine", params[role].get("engine")))
+               for role in STAGES}  # fmt: skip
+    if set(engines.values()) != {"llamacpp"}:
+        return []
+    context = min(pair.draft.max_position_embeddings, pair.target.max_position_embeddings)
+    lines = []
+    for role in STAGES:
+        values = {**params[role], **{k: str(v) for k, v in overrides.get(role, {}).items()}}
+        stage = parse_parameters(StageParams, values)
+        pool = stage.kv_pool_tokens or stage.max_sequences * stage.max_length
+        summary = pair.draft if role == "draft" else pair.target
+        overrides.setdefault(role, {}).update(max_length=str(context), kv_pool_tokens=str(pool))
+        lines.append(
+            f"avspec: {role} on llama.cpp: one KV pool of {pool:,} cells shared by up to "
+            f"{stage.max_sequences} sequences of up to {context:,} positions "
+            f"({_mib(pool * summary.kv_values_per_token * 2)} of f16 keys and values)"
+        )
+    overrides.setdefault(ENTRY, {})["max_context"] = str(context)
+    return lines

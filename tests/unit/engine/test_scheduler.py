@@ -610,6 +610,26 @@ def test_max_resident_bounds_live_plus_paused() -> None:
     assert fake.history == {}
 
 
+def test_a_shared_kv_pool_admits_what_fits_together() -> None:
+    """kv_pool_tokens: prompt + max_tokens + K of every admitted request fit the pool together;
+    the next waits until one ends; a request that could never fit is refused by name."""
+    fake = FakeStep()
+    need = 10 + 30 + K
+    scheduler = Scheduler(fake, EOS, 4, 128, K, kv_pool_tokens=2 * need + need // 2)
+    ids = [submit(scheduler, 10, 30)[0] for _ in range(3)]
+    scheduler.step()
+    assert scheduler.live_count == 2 and ids[2] not in stepped_ids(fake)
+    while ids[2] not in stepped_ids(fake):
+        assert scheduler.live_count <= 2
+        scheduler.step()
+    scheduler.run_until_idle()
+    assert fake.history == {}
+    with pytest.raises(ValueError, match=r"exceeds the KV pool's cells \(kv_pool_tokens\) 120"):
+        submit(scheduler, 80, 40)
+    with pytest.raises(ValueError, match="kv_pool_tokens must be >= "):
+        Scheduler(fake, EOS, 4, 128, K, kv_pool_tokens=K)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [

@@ -1,4 +1,4 @@
-"""GGUF checkpoints (llama.cpp's file format) turned into Hugging Face model directories.
+"""GGUF checkpoints (llama.cpp's file format) to and from Hugging Face model directories.
 
 The runtime serves Hugging Face directories only (`avspec.runtime.model_dir`); a GGUF file is
 converted once into one and cached by the file's sha256. One module per job:
@@ -10,5 +10,7 @@ converted once into one and cached by the file's sha256. One module per job:
   rotary row permutation of the q/k projections;
 - `tokenizer`: `tokenizer.json` and `tokenizer_config.json` (with the chat template) from the
   GGUF's tokenizer metadata;
-- `convert`: write the directory, and the hash-keyed cache around it.
+- `convert`: write the directory, and the hash-keyed cache around it;
+- `writer`: the other way, a Llama checkpoint written as a GGUF for llama.cpp's engine (the
+  draft: `avspec.tools.draft_gguf`).
 """

@@ -2,7 +2,8 @@
 
 llama.cpp names Llama tensors `token_embd`, `blk.<i>.attn_q`, ... and writes the model's
 hyperparameters under `llama.*` keys; `llama_config` turns those into the runtime's
-`TransformerConfig` and `hf_tensor_name` maps each tensor to its Hugging Face name.
+`TransformerConfig` and `hf_tensor_name` maps each tensor to its Hugging Face name;
+`gguf_tensor_name` is the other direction, for writing a GGUF (`avspec.runtime.gguf.writer`).
 
 Rotary row order. Hugging Face Llama rotates channel pairs (i, i + head_dim/2) of each head
 ("rotate_half"); llama.cpp rotates adjacent pairs (2i, 2i + 1). Its converter therefore
@@ -45,6 +46,7 @@ _PER_LAYER = {
     "ffn_down": "mlp.down_proj",
 }
 _LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_HF_LAYER_NAME = re.compile(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)")
 
 
 def check_architecture(gguf: GGUFFile) -> None:
@@ -133,6 +135,23 @@ def hf_tensor_name(name: str) -> str:
     raise GGUFError(f"tensor {name!r} is not part of the Llama architecture")
 
 
+def gguf_tensor_name(hf_name: str) -> str:
+    """llama.cpp's name of the Hugging Face `LlamaForCausalLM` tensor `hf_name` (the inverse of
+    `hf_tensor_name`); GGUFError if it is not part of the Llama architecture."""
+    for name, hf in _TOP_LEVEL.items():
+        if hf == hf_name:
+            return name
+    match = _HF_LAYER_NAME.fullmatch(hf_name)
+    if match is not None:
+        layer, module, kind = match.groups()
+        for gguf_part, hf_part in _PER_LAYER.items():
+            if hf_part == f"{module}.{kind}":
+                return f"blk.{layer}.{gguf_part}"
+            if hf_part == module:
+                return f"blk.{layer}.{gguf_part}.{kind}"
+    raise GGUFError(f"tensor {hf_name!r} is not part of the Llama architecture")
+
+
 def rotary_heads(name: str, config: TransformerConfig) -> int | None:
     """The head count whose rows llama.cpp permuted in tensor `name` (q: query heads, k:
     key/value heads), or None for a tensor it left alone."""
@@ -146,6 +165,8 @@ def rotary_heads(name: str, config: TransformerConfig) -> int | None:
 def permute_rotary_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
     """llama.cpp's reordering of q/k rows (HF "rotate_half" layout -> adjacent pairs)."""
     rows = weight.shape[0]
+    if rows % (2 * heads):
+        raise GGUFError(f"{rows} rows do not split into {heads} heads of even size")
     grouped = weight.reshape(heads, 2, rows // heads // 2, *weight.shape[1:])
     return grouped.transpose(1, 2).reshape(weight.shape)
 
