@@ -167,6 +167,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "CPU, serving each model directory's model.gguf as it is quantized; `make llamacpp`)",
     )
     parser.add_argument(
+        "--engine-threads",
+        type=int,
+        help="threads of each llama.cpp stage (their `threads` parameter; default: the "
+        "repository's, 0 = every core)",
+    )
+    parser.add_argument(
         "--gguf-cache",
         type=Path,
         default=DEFAULT_GGUF_CACHE,
@@ -299,9 +305,10 @@ def _stage_settings(args: argparse.Namespace) -> dict[str, dict[str, str]]:
     """The --target-dtype / --draft-dtype / --engine given, by stage."""
     given = {"target": args.target_dtype, "draft": args.draft_dtype}
     settings = {stage: {"dtype": dtype} for stage, dtype in given.items() if dtype is not None}
-    if args.engine is not None:
-        for stage in given:
-            settings.setdefault(stage, {})["engine"] = args.engine
+    for name, value in (("engine", args.engine), ("threads", args.engine_threads)):
+        if value is not None:
+            for stage in given:
+                settings.setdefault(stage, {})[name] = str(value)
     return settings
 
 
