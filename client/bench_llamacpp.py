@@ -110,9 +110,9 @@ def _llama_server_program() -> None:  # pragma: no cover - runs in the xllamacpp
     params.n_parallel = config["slots"]
     params.cont_batching = True
     params.n_ctx = config["slots"] * config["ctx_per_slot"]
-    unified = hasattr(params, "kv_unified")
-    if unified:
-        params.kv_unified = True  # one pool for all slots, as this project's KV pool
+    unified = hasattr(params, "kv_unified") and not config["kv_split"]
+    if hasattr(params, "kv_unified"):
+        params.kv_unified = unified  # one pool for all slots, as this project's; or a stream each
     for cpu in (params.cpuparams, params.cpuparams_batch):
         cpu.n_threads = config["threads"]
     kinds = xllamacpp.llama_flash_attn_type
@@ -178,6 +178,7 @@ def llama_config(args: argparse.Namespace, gguf: Path) -> dict[str, Any]:
         "ctx_per_slot": args.ctx_per_slot,
         "threads": args.threads,
         "flash_attn": args.flash_attn,
+        "kv_split": args.kv_split,
         "cache_prompt": args.llama_cache_prompt,
         "project_sampling": not args.llama_default_sampling,
         "draft": str(args.llama_draft) if args.llama_draft else None,
@@ -583,7 +584,8 @@ def summary_text(
         f"{args.top_p}, {args.rounds} round(s); tok/s = output tokens / wall time, medians "
         "over rounds; 'x llama' = project / llama.cpp (rounds: the range round by round)",
         f"llama.cpp: xllamacpp {llama.get('xllamacpp', '?')}, {args.threads} threads, "
-        f"{args.slots} slots, n_ctx {llama.get('n_ctx', '?')}, flash attention "
+        f"{args.slots} slots, n_ctx {llama.get('n_ctx', '?')} "
+        f"({'a stream per slot' if args.kv_split else 'unified'}), flash attention "
         f"{'on' if args.flash_attn else 'off'}, sampling "
         f"{'llama.cpp default' if args.llama_default_sampling else 'temperature;top_p'}, prompt "
         f"cache {'on' if args.llama_cache_prompt else 'off'}{draft}; {args.gguf}",
@@ -726,6 +728,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slots", type=int, default=64, help="llama.cpp's parallel slots")
     p.add_argument("--ctx-per-slot", type=int, default=1024, help="KV tokens per slot")
     p.add_argument("--flash-attn", action="store_true", help="llama.cpp's flash attention on")
+    p.add_argument("--kv-split", action="store_true",
+                   help="a KV stream of --ctx-per-slot cells per slot instead of one unified pool "
+                   "(llama.cpp's attention then spans a slot's own cells only)")  # fmt: skip
     p.add_argument("--llama-draft", type=Path, help="a draft GGUF: llama.cpp's speculation")
     p.add_argument("--llama-draft-max", type=int, help="its draft tokens at most")
     p.add_argument("--llama-draft-min", type=int, help="its draft tokens at least")

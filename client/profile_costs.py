@@ -26,6 +26,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -33,6 +34,8 @@ from tqdm import tqdm
 from avspec.av.cost_file import load_step_cost, save_step_cost
 from avspec.av.step_cost import StepCost
 from avspec.engine.draft_vocab import resolve_draft_vocab
+from avspec.runtime.hf_files import GGUF_FILE
+from avspec.runtime.llamacpp.model import EngineSettings, GGUFModel
 from avspec.runtime.precision import PRECISIONS, load_served_model
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
 from avspec.tools.profiler import (
@@ -61,6 +64,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="profile seeded random-weight models of the default sizes instead of model dirs",
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--engine", default="torch", choices=("torch", "llamacpp"),
+        help="the stages' runtime: torch (the checkpoints in --dtype) or llamacpp (each "
+        "directory's model.gguf on llama.cpp's engine, --engine-threads threads)",
+    )  # fmt: skip
+    parser.add_argument("--engine-threads", type=int, default=0, help="llamacpp: 0 = every core")
     parser.add_argument(
         "--dtype", default="auto", choices=PRECISIONS,
         help="the served precision (the stages' `dtype` parameter; default auto)",
@@ -117,7 +126,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def load_pair(args: argparse.Namespace) -> tuple[Transformer, Transformer, str]:
+def load_pair(args: argparse.Namespace) -> tuple[Any, Any, str]:
     """(target, draft, description) from Hugging Face model dirs in `--dtype`
     (`load_served_model`) or, with --random-pair, seeded random weights of the tiny pair's
     shapes (TARGET_CONFIG and DRAFT_CONFIG of avspec.tools.training.train)."""
@@ -129,9 +138,27 @@ def load_pair(args: argparse.Namespace) -> tuple[Transformer, Transformer, str]:
             models.append(model.to(args.device).eval())
         described = (f"target {_shape(TARGET_CONFIG)}", f"draft {_shape(DRAFT_CONFIG)}")
         return models[0], models[1], f"random-weight pair ({', '.join(described)})"
+    if args.engine == "llamacpp":
+        return _gguf_pair(args)
     target = load_served_model(args.target_dir, args.device, args.dtype)
     draft = load_served_model(args.draft_dir, args.device, args.dtype)
     return target, draft, f"{args.target_dir} + {args.draft_dir} ({args.dtype})"
+
+
+def _gguf_pair(args: argparse.Namespace) -> tuple[GGUFModel, GGUFModel, str]:
+    """Both directories' model.gguf on llama.cpp's engine, sized for the largest point."""
+    rows = max(*args.draft_rows, *args.verify_batch_sizes)
+    length = args.context + args.max_draft_tokens + 2
+    settings = EngineSettings(
+        max_sequences=rows, pool_tokens=rows * length,
+        max_outputs=rows * (args.max_draft_tokens + 1), threads=args.engine_threads,
+        max_length=length,
+    )  # fmt: skip
+    target = GGUFModel(args.target_dir / GGUF_FILE, settings)
+    draft = GGUFModel(args.draft_dir / GGUF_FILE, settings)
+    threads = settings.thread_count
+    what = f"{target.path} + {draft.path} (llama.cpp, {threads} threads)"
+    return target, draft, what
 
 
 def _shape(config: TransformerConfig) -> str:
@@ -236,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     begin = time.perf_counter()
     vocab = None
     if not args.random_pair:
-        vocab = resolve_draft_vocab(args.draft_dir, args.draft_vocab, draft.config.vocab_size)
+        vocab = resolve_draft_vocab(args.draft_dir, args.draft_vocab, draft.vocab_size)
     with tqdm(total=total, desc="profiling", unit="point") as bar:
         draft_pass = profile_draft_pass(
             draft, args.draft_rows, passes=k, on_point=lambda *_: bar.update(),

@@ -22,18 +22,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
 from avspec.contract import HostStep
 from avspec.runtime.kv_cache import KVCache
-from avspec.runtime.llamacpp.model import GGUFModel
-from avspec.runtime.llamacpp.sequences import SequencePool
 from avspec.runtime.transformer import Transformer
 
+if TYPE_CHECKING:  # llama.cpp's engine needs the `gguf` package: not imported where unused (GPU)
+    from avspec.runtime.llamacpp.model import GGUFModel
+    from avspec.runtime.llamacpp.sequences import SequencePool
+
 # What a stage runs: the torch runtime's model and cache, or llama.cpp's (avspec.runtime.llamacpp)
-StageModel = Transformer | GGUFModel
-StageCache = KVCache | SequencePool
+StageModel: TypeAlias = "Transformer | GGUFModel"
+StageCache: TypeAlias = "KVCache | SequencePool"
 
 DRAFT_SALT = 0
 TARGET_SALT = 0x5DEECE66D_2545F491

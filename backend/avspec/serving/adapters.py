@@ -38,7 +38,7 @@ from avspec.engine.draft_stage import DraftStage
 from avspec.engine.draft_vocab import resolve_draft_vocab
 from avspec.engine.stage import ModelStage, StageCache, StageModel
 from avspec.engine.target_stage import TargetStage
-from avspec.runtime.llamacpp.model import EngineSettings, GGUFModel
+from avspec.runtime.engine_choice import choose_engine
 from avspec.runtime.precision import load_served_model
 from avspec.serving.repository import (
     StageParams,
@@ -171,7 +171,13 @@ def load_stage_model(params: StageParams, root: Path) -> tuple[StageModel, Stage
     """The stage's model and KV cache on its engine: the checkpoint in `dtype` on torch, or
     the GGUF file on llama.cpp (sized for `max_sequences` rows of K + 1 logits each)."""
     model_dir = resolve_path(root, params.model_dir)
-    if params.engine == "llamacpp":
+    engine = params.engine
+    if engine == "auto":  # the launcher resolves it for both stages; a bare repository here
+        engine, why = choose_engine([resolve_path(model_dir, params.gguf)])
+        logger.info("engine %s: %s", engine, why)
+    if engine == "llamacpp":
+        from avspec.runtime.llamacpp.model import EngineSettings, GGUFModel  # noqa: PLC0415
+
         settings = EngineSettings(
             max_sequences=params.max_sequences,
             pool_tokens=params.kv_pool_tokens or params.max_sequences * params.max_length,

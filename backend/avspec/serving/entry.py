@@ -92,7 +92,7 @@ class _StageConfig:
     @property
     def pool(self) -> int | None:
         """The cells of the stage's shared KV pool (None: a slot per sequence, torch's cache)."""
-        if self.engine != "llamacpp":
+        if self.engine != "llamacpp":  # "auto" resolves to llamacpp only through the launcher
             return None
         return self.kv_pool_tokens or (self.max_sequences or 0) * (self.max_length or 0) or None
 

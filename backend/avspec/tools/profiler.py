@@ -103,7 +103,7 @@ def profile_verify_cost(
     batches = sorted(set(batch_sizes))
     stage = TargetStage(model, _cache(model, sum(batches), context_length, max_draft_tokens),
                         max_draft_tokens, check_values=False)  # fmt: skip
-    device, vocab = stage.device, model.config.vocab_size
+    device, vocab = stage.device, model.vocab_size
     gen = torch.Generator().manual_seed(0)
     calls, shapes = [], []
     for batch, first in zip(batches, _first_ids(batches), strict=True):
@@ -374,7 +374,7 @@ def _prefill(stage: DraftStage | TargetStage, tokens: torch.Tensor, k: int, firs
     if isinstance(stage, DraftStage):
         stage(inputs)
         return
-    vocab, device = stage.model.config.vocab_size, stage.device
+    vocab, device = stage.model.vocab_size, stage.device
     drafts = torch.zeros(batch, k, dtype=torch.int32, device=device)
     probs = torch.full((batch, k, vocab), 1.0 / vocab, device=device)
     stage(inputs, drafts, probs, torch.zeros(batch, dtype=torch.int32, device=device))

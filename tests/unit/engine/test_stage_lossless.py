@@ -22,6 +22,11 @@ verifying against a q other than the drafts' (q of the whole vocabulary reported
 from the map; each drawn index mapped one id too high, q reported for the intended ids), must
 be rejected (p < 1e-6).
 
+On llama.cpp's engine (`avspec.runtime.llamacpp`): a tiny Llama written as an f32 GGUF, its draft
+a perturbed copy, both stages on the engine; the law is the engine's own (its logits after the
+prompt and after each first token, warped the same way), the same 2,048 requests and thresholds,
+and the wrong-q pipeline must be caught there too.
+
 `AVSPEC_TEST_DEVICE=cuda` runs the stages on a GPU (the target stage's one-pass verification,
 the CUDA path; the CPU walks depth by depth); the exact law is computed on the CPU either way.
 """
@@ -98,7 +103,7 @@ def _sample(step_fn, seed_base: int, drafting: bool = True) -> torch.Tensor:
 
 
 def step_fn_vocab(step_fn) -> int:
-    return step_fn.step.target.model.config.vocab_size
+    return step_fn.step.target.model.vocab_size
 
 
 def _exact_law(target) -> torch.Tensor:
@@ -261,3 +266,86 @@ def test_a_broken_draft_vocabulary_map_is_caught(broken: type[DraftStage]):
     target, draft = _pair()
     counts = _sample(_Counted(_with_map(_build(target, draft), broken)), seed_base=0)
     assert _p_value(counts, _exact_law(target)) < FAIL
+
+
+def _gguf_pair(root):
+    """(target path, draft path): a tiny Llama as an f32 GGUF and a perturbed copy (noise of
+    0.1 of each matrix's spread), sharing the tokenizer metadata."""
+    from helpers.gguf_files import TinyLlama, llama_weights, write_llama_gguf  # noqa: PLC0415
+
+    shape = TinyLlama()
+    weights = llama_weights(shape, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    noisy = {
+        name: w + 0.1 * w.std() * torch.randn(w.shape, generator=gen) if w.dim() == 2 else w
+        for name, w in weights.items()
+    }
+    return (write_llama_gguf(root / "target.gguf", shape, weights),
+            write_llama_gguf(root / "draft.gguf", shape, noisy))  # fmt: skip
+
+
+def _gguf_models(paths):
+    from avspec.runtime.llamacpp.model import EngineSettings, GGUFModel  # noqa: PLC0415
+
+    rows = BATCH + 4
+    settings = EngineSettings(max_sequences=rows, pool_tokens=rows * 32,
+                              max_outputs=rows * (K + 1), threads=1, max_length=32)  # fmt: skip
+    return [GGUFModel(path, settings) for path in paths]
+
+
+def _engine_law(path) -> torch.Tensor:
+    """p(y1) p(y2 | y1) [vocab, vocab] from the engine's own logits (a context of its own)."""
+    (model,) = _gguf_models([path])
+    vocab = model.vocab_size
+
+    def warped(contexts: list[list[int]]) -> torch.Tensor:
+        pool = model.new_cache()
+        ids = list(range(len(contexts)))
+        for i in ids:
+            pool.allocate(i)
+        lengths = [len(c) for c in contexts]
+        last = torch.tensor(lengths).cumsum(0) - 1
+        tokens = torch.tensor([t for c in contexts for t in c])
+        logits = model.forward_cached(pool, ids, tokens, lengths, at=last).clone()[:, None]
+        n = len(contexts)
+        temperature, top_p = torch.full((n,), TEMPERATURE), torch.full((n,), TOP_P)
+        return warp_probs(logits, temperature, top_p)[:, 0].double()
+
+    first = warped([PROMPT])[0]
+    second = torch.cat([warped([PROMPT + [y] for y in range(start, min(start + 64, vocab))])
+                        for start in range(0, vocab, 64)])  # fmt: skip
+    return first[:, None] * second
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(tmp_path_factory):
+    from helpers.ci import missing_tool  # noqa: PLC0415
+
+    from avspec.runtime.llamacpp.binding import EngineUnavailable, llama_cpp  # noqa: PLC0415
+
+    try:
+        llama_cpp()
+    except EngineUnavailable as err:
+        missing_tool(str(err), "make llamacpp")
+    paths = _gguf_pair(tmp_path_factory.mktemp("gguf_pair"))
+    return paths, _engine_law(paths[0])
+
+
+def _gguf_step(paths) -> SpeculativeStep:
+    target, draft = _gguf_models(paths)
+    cost = StepCost.linear(0.1, 0.01, 1.0, 0.05, max_rows=128, max_tokens=2048)
+    return SpeculativeStep.from_models(target, draft, K, BATCH + 4, 32, "cpu", cost)
+
+
+def test_llamacpp_stages_sample_the_engines_law(gguf_pair):
+    paths, law = gguf_pair
+    step = _Counted(_gguf_step(paths))
+    counts = _sample(step, seed_base=0, drafting=True)
+    assert step.verified > 0 and step.verified < step.drafted  # drafts verified, some trimmed
+    assert _p_value(counts, law) > PASS
+
+
+def test_wrong_q_on_llamacpp_is_caught(gguf_pair):
+    paths, law = gguf_pair
+    counts = _sample(_WrongQ(_gguf_step(paths)), seed_base=0)
+    assert _p_value(counts, law) < FAIL

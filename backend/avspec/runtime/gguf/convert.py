@@ -150,3 +150,16 @@ def _complete(entry: Path) -> bool:
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def place_gguf(source: Path, out: Path, log: Callable[[str], None] = lambda _: None) -> None:
+    """Put the GGUF file itself beside the checkpoint (llama.cpp's engine serves it): a hard
+    link when the two share a file system, else a copy; kept when it already has the same size."""
+    if out.is_file() and out.stat().st_size == source.stat().st_size:
+        return
+    out.unlink(missing_ok=True)
+    try:
+        os.link(source, out)
+    except OSError:
+        shutil.copyfile(source, out)
+    log(f"placed {source.name} as {out}")

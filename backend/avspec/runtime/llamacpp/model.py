@@ -111,8 +111,9 @@ class GGUFModel:
         device: str | torch.device = "cpu",
     ) -> SequencePool:
         """The KV pool of this model's context: up to `max_sequences` sequences (default: the
-        context's) of up to `max_length` positions (default: the model's), on the CPU. Each
-        call gives a new view of the same llama.cpp memory: take one per model."""
+        context's) of up to `max_length` positions (default: the model's), on the CPU. The
+        pools share llama.cpp's one memory: a new pool clears it, and the previous one must not
+        be used afterwards."""
         sequences = max_sequences or self.settings.max_sequences
         length = max_length or self.max_length
         if sequences > self.settings.max_sequences or length > self.max_length:
@@ -123,6 +124,7 @@ class GGUFModel:
         if torch.device(device).type != "cpu":
             raise ValueError(f"the llama.cpp engine runs on the cpu, not {device}")
         memory = self.binding.llama_get_memory(self._ctx)
+        self.binding.llama_memory_clear(memory, True)
         return SequencePool(memory, self.binding, sequences, self.settings.pool_tokens, length)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
