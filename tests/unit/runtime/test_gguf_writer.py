@@ -31,7 +31,6 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
-from helpers.ci import missing_tool
 from helpers.gguf_files import TinyLlama, llama_weights
 from helpers.gguf_files import write_llama_gguf as write_source_gguf
 from safetensors.torch import load_file
@@ -223,16 +222,6 @@ def test_a_failed_write_leaves_the_existing_file(source, tmp_path, monkeypatch):
         write_llama_gguf(bf16, out, gguf, "q8_0")
     assert out.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["model.gguf"]
-
-
-@pytest.fixture(scope="module")
-def binding():
-    from avspec.runtime.llamacpp.binding import EngineUnavailable, llama_cpp
-
-    try:
-        return llama_cpp()
-    except EngineUnavailable as err:
-        missing_tool(str(err), "make llamacpp")
 
 
 def _llamacpp_logits(binding, path) -> torch.Tensor:

