@@ -106,6 +106,8 @@ def test_gpu_variant_keeps_the_tensors_and_moves_to_cuda(name: str) -> None:
     gpu_params, cpu_params = params(gpu), params(cpu)
     assert gpu_params.pop("FORCE_CPU_ONLY_INPUT_TENSORS") == "no"
     assert gpu_params.pop("device") == "cuda" and cpu_params.pop("device") == "cpu"
+    if "engine" in cpu_params:  # llama.cpp's engine is CPU-only: the GPU variant runs torch
+        assert gpu_params.pop("engine") == "torch" and cpu_params.pop("engine") == "auto"
     if name == "verifier":  # costs measured on the GPU deployment, not the CPU's (docs/gpu.md)
         assert gpu_params.pop("cost_tables") == "models/cost_tables_gpu.json"
         assert cpu_params.pop("cost_tables") == "models/cost_tables.json"
