@@ -180,7 +180,7 @@ def load_stage_model(params: StageParams, root: Path) -> tuple[StageModel, Stage
 
         settings = EngineSettings(
             max_sequences=params.max_sequences,
-            pool_tokens=params.kv_pool_tokens or params.max_sequences * params.max_length,
+            pool_tokens=params.pool_tokens,
             max_outputs=params.max_sequences * (params.max_draft_tokens + 1),
             threads=params.threads,
             max_length=params.max_length,

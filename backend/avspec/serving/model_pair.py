@@ -228,7 +228,7 @@ def shared_pool_overrides(
     for role in STAGES:
         values = {**params[role], **{k: str(v) for k, v in overrides.get(role, {}).items()}}
         stage = parse_parameters(StageParams, values)
-        pool = stage.kv_pool_tokens or stage.max_sequences * stage.max_length
+        pool = stage.pool_tokens
         summary = pair.draft if role == "draft" else pair.target
         overrides.setdefault(role, {}).update(max_length=str(context), kv_pool_tokens=str(pool))
         lines.append(

@@ -106,6 +106,12 @@ class StageParams:
     threads: int = 0  # llama.cpp threads (0: every core); torch's come from OMP_NUM_THREADS
     kv_pool_tokens: int = 0  # llama.cpp: KV cells shared by all sequences (0: sequences x length)
 
+    @property
+    def pool_tokens(self) -> int:
+        """llamacpp: the KV cells shared by the stage's sequences (`kv_pool_tokens`, else
+        max_sequences x max_length: the cells a slot per sequence would reserve)."""
+        return self.kv_pool_tokens or self.max_sequences * self.max_length
+
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
