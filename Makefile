@@ -124,15 +124,16 @@ bench: $(STAMP) models/target/config.json models/draft/model.safetensors ## redu
 soak: $(STAMP) ## 64 clients for 10 minutes, memory and shared memory watched (bench/soak)
 	$(PY) client/soak.py --start-server --duration-s 600 --concurrency 64 --out bench/soak
 
-# Re-measure the verifier's cost tables on this machine (models/cost_tables.json, ~6 min): the
-# draft pass by rows and the target by tokens and rows, medians of 30 interleaved repeats,
-# isotonic fit. OVERHEAD_MS is the served path's per-step hops, measured on a running server by
-# client/profile_serving_costs.py. The server also refreshes the tables online (cost_refresh).
-OVERHEAD_MS ?= 5.3
-costs: models/target/config.json models/draft/model.safetensors ## re-measure the cost tables (models/cost_tables.json, about 6 minutes)
-	$(PY) client/profile_costs.py --threads 1 --context 128 --max-draft-tokens 8 \
-		--draft-rows 1,2,4,8,16,32,64 --verify-batch-sizes 1,4,16,64 --repeats 15 --warmup 2 \
-		--overhead-ms $(OVERHEAD_MS) --output models/cost_tables.json --plot bench/cost_tables.png
+# This host's cost tables: the server measures them at its first start (the launcher, about a
+# minute: avspec.serving.host_costs) and caches them by CPU, engine, precision, threads and model
+# files under ~/.cache/avspec/costs; `make costs` measures them again (after a BIOS change, or a
+# busy machine at first start), for the same pair, precision and engine as `make serve` (ENGINE=).
+costs: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors models/draft/model.gguf) ## measure this host's cost tables again (about a minute; the server does it at first start)
+	$(PY) -m avspec.serving.launcher --model-repository model_repository \
+		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) --remeasure-costs --costs-only \
+		$(if $(TARGET_DTYPE),--target-dtype $(TARGET_DTYPE)) \
+		$(if $(DRAFT_DTYPE),--draft-dtype $(DRAFT_DTYPE)) \
+		$(if $(ENGINE),--engine $(ENGINE))
 
 # The draft for the default target, trained here (docs/smollm2.md), in two runs. The first: the
 # target answers 5,120 chat prompts from the project's corpora (top-64 logits kept; --self-prompts N

@@ -114,6 +114,14 @@ def save_hf_dir(path: Path, model, tok: Tokenizer, generation_eos: list[int] | N
     return path
 
 
+def save_hf_pair(root: Path) -> tuple[Path, Path]:
+    """A tiny HF Llama target and a perturbed draft sharing one tokenizer: (draft, target)."""
+    tok = tiny_tokenizer()
+    target = tiny_llama(tok.get_vocab_size() + 8, seed=3)  # padded embedding rows
+    draft = perturbed(target, 0.05, seed=4)
+    return save_hf_dir(root / "draft", draft, tok), save_hf_dir(root / "target", target, tok)
+
+
 def hf_greedy(
     model, prompt: list[int], eos_ids: list[int], max_new: int, suppress: list[int] = ()
 ) -> list[int]:

@@ -41,8 +41,10 @@ from avspec.engine.target_stage import TargetStage
 from avspec.runtime.engine_choice import choose_engine
 from avspec.runtime.precision import load_served_model
 from avspec.serving.repository import (
+    HOST_COST_TABLES,
     StageParams,
     VerifierParams,
+    is_path_value,
     resolve_path,
     step_inputs_from_tensors,
 )
@@ -260,7 +262,14 @@ class VerifierAdapter:
     def __init__(self, config: EstimatorConfig, params: VerifierParams, root: Path) -> None:
         self.config = config
         self.snapshot = resolve_path(root, params.snapshot_path) if params.snapshot_path else None
-        costs = resolve_path(root, params.cost_tables) if params.cost_tables else None
+        if params.cost_tables == HOST_COST_TABLES:
+            logger.warning(
+                "cost_tables 'host' is resolved by the launcher (avspec.serving.launcher with "
+                "--draft-model and --target-model), which did not start this server: using "
+                "linear defaults; measure them with make costs and name the file"
+            )
+        given = params.cost_tables
+        costs = resolve_path(root, given) if is_path_value("cost_tables", given) else None
         cost = load_cost_tables(costs)
         self.refresh = CostRefresh(
             cost, params.cost_refresh, params.cost_refresh_window, params.cost_refresh_every

@@ -49,7 +49,18 @@ from avspec.serving.exposure import (
 )
 from avspec.serving.front.config import Access
 from avspec.serving.gguf_models import model_directory
-from avspec.serving.model_pair import prepare_pair, resolve_auto_engine, shared_pool_overrides
+from avspec.serving.host_costs import (
+    CACHE_ENV,
+    CostOptions,
+    cache_directory,
+    resolve_host_costs,
+)
+from avspec.serving.model_pair import (
+    VERIFIER,
+    prepare_pair,
+    resolve_auto_engine,
+    shared_pool_overrides,
+)
 from avspec.serving.repository import ENGINES, SERVING_DTYPES, copy_repository
 from avspec.serving.restart import RestartBudget
 from avspec.serving.sandbox import (
@@ -194,6 +205,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--restart-window-s", type=float, default=600.0)
     _add_server_choice(parser)
+    _add_cost_options(parser)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # to execute again as given
     return args
@@ -223,6 +235,32 @@ def _add_server_choice(parser: argparse.ArgumentParser) -> None:
         action="append",
         metavar="MODEL",
         help="a model to load; repeat for each (default: every model of the repositories)",
+    )
+
+
+def _add_cost_options(parser: argparse.ArgumentParser) -> None:
+    """Options on the verifier's cost tables (avspec.serving.host_costs)."""
+    parser.add_argument(
+        "--cost-tables",
+        type=Path,
+        help="the verifier's cost tables, a step-cost file (client/profile_costs.py); default: "
+        "this host's, measured at first start and cached (needs --draft-model/--target-model)",
+    )
+    parser.add_argument(
+        "--cost-cache",
+        type=Path,
+        help=f"where this host's cost tables are cached (default ${CACHE_ENV}, else "
+        "~/.cache/avspec/costs; started as root /var/cache/avspec/costs)",
+    )
+    parser.add_argument(
+        "--remeasure-costs",
+        action="store_true",
+        help="measure this host's cost tables again even when cached (make costs)",
+    )
+    parser.add_argument(
+        "--costs-only",
+        action="store_true",
+        help="resolve (measure when needed) the cost tables, print where they are, and exit",
     )
 
 
@@ -277,11 +315,14 @@ def prepare_repository(
     target_model: Path | None,
     workdir: Path,
     settings: dict[str, dict[str, str]] | None = None,
+    costs: CostOptions | None = None,
 ) -> Path:
     """Check the pair (`avspec.serving.model_pair.prepare_pair`) when one is given, print its
     lines and return a copy of `repository` under `workdir` with the pair's overrides and the
-    stages' `settings` ({"target": {"dtype": "w8a8", "engine": "torch"}, ...}). Raises
-    PairError (a ValueError, the pair check's one message) before anything is copied or loaded."""
+    stages' `settings` ({"target": {"dtype": "w8a8", "engine": "torch"}, ...}), the verifier's
+    cost tables of this host resolved with `costs` (avspec.serving.host_costs; measured first
+    when not cached). Raises PairError (a ValueError, the pair check's one message) before
+    anything is copied or loaded."""
     overrides: dict[str, dict[str, object]] = {}
     if draft_model is not None or target_model is not None:
         pair = prepare_pair(
@@ -300,17 +341,21 @@ def prepare_repository(
         for line in [*resolve_auto_engine(repository, pair, overrides),
                      *shared_pool_overrides(repository, pair, overrides)]:  # fmt: skip
             print(line, flush=True)
+        for line in resolve_host_costs(repository, pair, overrides, costs or CostOptions()):
+            print(line, flush=True)
     return copy_repository(repository, workdir / repository.name, overrides)
 
 
 def _stage_settings(args: argparse.Namespace) -> dict[str, dict[str, str]]:
-    """The --target-dtype / --draft-dtype / --engine given, by stage."""
+    """The --target-dtype / --draft-dtype / --engine / --cost-tables given, by model."""
     given = {"target": args.target_dtype, "draft": args.draft_dtype}
     settings = {stage: {"dtype": dtype} for stage, dtype in given.items() if dtype is not None}
     for name, value in (("engine", args.engine), ("threads", args.engine_threads)):
         if value is not None:
             for stage in given:
                 settings.setdefault(stage, {})[name] = str(value)
+    if args.cost_tables is not None:
+        settings[VERIFIER] = {"cost_tables": str(args.cost_tables.resolve())}
     return settings
 
 
@@ -395,14 +440,17 @@ def _reexec_sandboxed(args: argparse.Namespace, user: ServerUser, secrets: Secre
     repositories = [Path(r).resolve() for r in args.model_repository]
     models = [m for r in repositories for m in repository_models(r)]
     files = server_files(repositories, locate_models(repositories, models), args.model_config_name)
-    grant_writable(files.writable, user)
+    costs = cache_directory(args.cost_cache)  # this host's cost tables, written by `user`
+    writable = [*files.writable, costs]
+    grant_writable(writable, user)
     given = (args.draft_model, args.target_model, args.tritonserver, args.backend_directory)
     expose = sandbox_paths(files, Path.cwd(), *(Path(p).resolve() for p in given if p))
     if secrets != Secrets():
         os.environ[ADMIN_KEY_FD_ENV] = str(_pipe_secrets(secrets))
     launcher = [sys.executable, "-m", "avspec.serving.launcher", *args.argv]
     print(f"avspec: dropping root: the server runs as uid {user.uid}, gid {user.gid}", flush=True)
-    command = sandbox_command(launcher, user, expose, files.writable)
+    launcher += ["--cost-cache", str(costs)]
+    command = sandbox_command(launcher, user, expose, writable)
     os.execv(command[0], command)
 
 
@@ -412,9 +460,14 @@ def _serve_in(args: argparse.Namespace, workdir: Path, secrets: Secrets) -> int:
         repositories = list(args.model_repository)
         settings = _stage_settings(args)
         if args.draft_model is not None or args.target_model is not None or settings:
+            costs = CostOptions(args.cpu_threads, args.cost_cache, args.remeasure_costs)
             repositories[0] = prepare_repository(
-                repositories[0], args.draft_model, args.target_model, workdir, settings
+                repositories[0], args.draft_model, args.target_model, workdir, settings, costs
             )
+        if args.costs_only:
+            if args.draft_model is None and args.target_model is None:
+                raise ValueError("--costs-only needs --draft-model and --target-model")
+            return 0
         server = ServerProcess(
             repositories[0],
             args.http_port,

@@ -166,6 +166,21 @@ def prepare_pair(
     return PreparedPair(summaries["draft"], summaries["target"], info, identity, overrides, caps)
 
 
+def served_parameters(
+    repository: Path | str, model: str, overrides: dict[str, dict[str, object]]
+) -> dict[str, str]:
+    """Model `model`'s parameters as served: the repository's config with `overrides` on top."""
+    values = _parameters(Path(repository), model)
+    return {**values, **{k: str(v) for k, v in overrides.get(model, {}).items()}}
+
+
+def stage_parameters(
+    repository: Path | str, role: str, overrides: dict[str, dict[str, object]]
+) -> StageParams:
+    """Stage `role`'s StageParams as served (`served_parameters`, parsed)."""
+    return parse_parameters(StageParams, served_parameters(repository, role, overrides))
+
+
 def _parameters(repository: Path, model: str) -> dict[str, str]:
     config = repository / model / "config.pbtxt"
     if not config.is_file():
@@ -218,16 +233,12 @@ def shared_pool_overrides(
     reserved before (`kv_pool_tokens`, else max_sequences x max_length) become one pool shared
     by every sequence. Updates `overrides` in place; returns the lines to print."""
     repository = Path(repository)
-    params = {role: _parameters(repository, role) for role in STAGES}
-    engines = {role: str(overrides.get(role, {}).get("engine", params[role].get("engine")))
-               for role in STAGES}  # fmt: skip
-    if set(engines.values()) != {"llamacpp"}:
+    stages = {role: stage_parameters(repository, role, overrides) for role in STAGES}
+    if {stage.engine for stage in stages.values()} != {"llamacpp"}:
         return []
     context = min(pair.draft.max_position_embeddings, pair.target.max_position_embeddings)
     lines = []
-    for role in STAGES:
-        values = {**params[role], **{k: str(v) for k, v in overrides.get(role, {}).items()}}
-        stage = parse_parameters(StageParams, values)
+    for role, stage in stages.items():
         pool = stage.pool_tokens
         summary = pair.draft if role == "draft" else pair.target
         overrides.setdefault(role, {}).update(max_length=str(context), kv_pool_tokens=str(pool))
@@ -246,8 +257,7 @@ def resolve_auto_engine(
     """Replace an `engine: auto` of either stage (in `overrides`, else the repository's) by
     `avspec.runtime.engine_choice`'s choice for both, made once on the pair's GGUF files;
     returns the line to print (none when no stage says auto)."""
-    params = {role: _parameters(Path(repository), role) for role in STAGES}
-    wanted = {role: str(overrides.get(role, {}).get("engine", params[role].get("engine")))
+    wanted = {role: served_parameters(repository, role, overrides).get("engine")
               for role in STAGES}  # fmt: skip
     if "auto" not in wanted.values():
         return []

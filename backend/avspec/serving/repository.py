@@ -32,6 +32,17 @@ T = TypeVar("T")
 
 # Parameters holding a path, resolved against the project root.
 PATH_PARAMETERS = ("model_dir", "cost_tables", "snapshot_path")
+# The verifier's cost_tables that the launcher replaces by this host's measured file
+# (avspec.serving.host_costs): a word, not a path.
+HOST_COST_TABLES = "host"
+
+
+def is_path_value(name: str, value: str) -> bool:
+    """Whether parameter `name` = `value` names a file (resolved against the project root)."""
+    if name == "cost_tables" and value == HOST_COST_TABLES:
+        return False
+    return name in PATH_PARAMETERS and bool(value)
+
 
 # numpy dtypes of the step tensors, as declared in the config.pbtxt files.
 STEP_INPUT_DTYPES: dict[str, type] = {
@@ -144,7 +155,9 @@ class StageParams:
 class VerifierParams:
     """Parameters of the `verifier` model besides the EstimatorConfig fields."""
 
-    cost_tables: str = ""  # JSON of the profiler; empty or missing: linear fallback, warned
+    # the step-cost file (avspec.av.cost_file); "host": this host's, measured and cached by the
+    # launcher, which puts the file's path here; empty or missing: linear fallback, warned
+    cost_tables: str = ""
     snapshot_path: str = ""  # warm start file; empty: no warm start
     device: str = "cpu"
     adaptive_drafting: bool = True  # hand the draft a plan (off: every row drafts its cap)
@@ -295,7 +308,7 @@ def rewrite_config_parameters(
     def replace(match: re.Match) -> str:
         key, value = match["key"], match["value"]
         value = str(overrides.get(key, value))
-        if root is not None and key in PATH_PARAMETERS and value:
+        if root is not None and is_path_value(key, value):
             value = str(resolve_path(root, value))
         return f"{match[1]}{value}{match[4]}"
 

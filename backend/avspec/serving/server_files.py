@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from avspec.serving.repository import read_config_parameters, resolve_path
+from avspec.serving.repository import is_path_value, read_config_parameters, resolve_path
 from avspec.serving.sandbox import ServerUser, runtime_paths, sandbox_command
 from avspec.serving.served_models import model_config_file
 from avspec.serving.triton_env import BACKEND_SOURCE_DIR
@@ -55,7 +55,7 @@ def server_files(
         config = model_config_file(home / model, config_name)
         parameters = read_config_parameters(config.read_text())
         for name, value in parameters.items():
-            if not value:
+            if not is_path_value(name, value):
                 continue
             path = resolve_path(home.parent, value)
             if name in READ_PARAMETERS:

@@ -13,8 +13,7 @@ pytest.importorskip("transformers")
 from helpers import ROOT  # noqa: E402
 from helpers.hf_dirs import (  # noqa: E402
     TINY_LLAMA,
-    perturbed,
-    save_hf_dir,
+    save_hf_pair,
     tiny_llama,
     tiny_tokenizer,
 )
@@ -30,14 +29,6 @@ REPOSITORY = ROOT / "model_repository"
 MAX_POSITIONS = TINY_LLAMA["max_position_embeddings"]
 
 
-def save_pair(root: Path) -> tuple[Path, Path]:
-    """A tiny HF Llama target and a perturbed draft sharing one tokenizer: (draft, target)."""
-    tok = tiny_tokenizer()
-    target = tiny_llama(tok.get_vocab_size() + 8, seed=3)  # padded embedding rows
-    draft = perturbed(target, 0.05, seed=4)
-    return save_hf_dir(root / "draft", draft, tok), save_hf_dir(root / "target", target, tok)
-
-
 def change_one_token(directory: Path) -> Path:
     """Rename the byte token of 0x00 (unused by the corpus, so in no merge) in tokenizer.json."""
     path = directory / "tokenizer.json"
@@ -50,7 +41,7 @@ def change_one_token(directory: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return save_pair(tmp_path_factory.mktemp("hf_pair"))
+    return save_hf_pair(tmp_path_factory.mktemp("hf_pair"))
 
 
 def test_prepare_pair_describes_caps_and_overrides(pair: tuple[Path, Path]) -> None:
@@ -119,7 +110,7 @@ def test_pair_identity_follows_config_and_tokenizer(tmp_path: Path, pair) -> Non
 def test_mismatched_pair_fails_before_any_model_loads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    draft, target = save_pair(tmp_path)
+    draft, target = save_hf_pair(tmp_path)
     change_one_token(draft)
     with pytest.raises(PairError, match="do not share a vocabulary: token id"):
         prepare_pair(REPOSITORY, draft, target)
