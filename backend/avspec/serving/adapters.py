@@ -186,6 +186,7 @@ def load_stage_model(params: StageParams, root: Path) -> tuple[StageModel, Stage
             max_outputs=params.max_sequences * (params.max_draft_tokens + 1),
             threads=params.threads,
             max_length=params.max_length,
+            flash_attention=params.flash_attention,
         )
         gguf = GGUFModel(resolve_path(model_dir, params.gguf), settings)
         return gguf, gguf.new_cache()

@@ -116,6 +116,7 @@ class StageParams:
     gguf: str = GGUF_FILE
     threads: int = 0  # llama.cpp threads (0: every core); torch's come from OMP_NUM_THREADS
     kv_pool_tokens: int = 0  # llama.cpp: KV cells shared by all sequences (0: sequences x length)
+    flash_attention: bool = True  # llama.cpp: ggml's flash attention (off: 4-5x slower attention)
 
     @property
     def pool_tokens(self) -> int:

@@ -150,12 +150,14 @@ def load_pair(args: argparse.Namespace) -> tuple[Any, Any, str]:
 
 
 def _gguf_pair(args: argparse.Namespace) -> tuple[GGUFModel, GGUFModel, str]:
-    """Both directories' model.gguf on llama.cpp's engine, sized for the largest point."""
-    rows = max(*args.draft_rows, *args.verify_batch_sizes)
+    """Both directories' model.gguf on llama.cpp's engine, sized for the ladder (each size of
+    a ladder has sequences of its own, all cached at once)."""
+    rows = max(sum(set(args.draft_rows)), sum(set(args.verify_batch_sizes)))
+    widest = max(*args.draft_rows, *args.verify_batch_sizes)
     length = args.context + args.max_draft_tokens + 2
     settings = EngineSettings(
         max_sequences=rows, pool_tokens=rows * length,
-        max_outputs=rows * (args.max_draft_tokens + 1), threads=args.engine_threads,
+        max_outputs=widest * (args.max_draft_tokens + 1), threads=args.engine_threads,
         max_length=length,
     )  # fmt: skip
     target = GGUFModel(args.target_dir / GGUF_FILE, settings)

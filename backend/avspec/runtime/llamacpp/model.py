@@ -46,6 +46,10 @@ class EngineSettings:
     threads: int = 0  # 0: every core this process may run on
     batch_tokens: int = 512  # tokens per llama_decode; a longer call is split
     max_length: int = 0  # positions per sequence (0: the model's trained context)
+    # ggml's flash attention: it skips the cells of other sequences in the shared pool, where
+    # the plain path multiplies by all of them (4-5x slower at 16-64 rows of 128 positions)
+    flash_attention: bool = True
+    unified: bool = True  # one KV pool for all sequences (else pool_tokens / max_sequences each)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_sequences <= 256:
@@ -88,8 +92,12 @@ class GGUFModel:
         params.n_seq_max = settings.max_sequences
         params.n_outputs_max = settings.max_outputs
         params.n_threads = params.n_threads_batch = settings.thread_count
-        params.kv_unified = True  # one pool: sequences take the cells they use
-        params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.kv_unified = settings.unified  # one pool: sequences take the cells they use
+        params.flash_attn_type = (
+            lib.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if settings.flash_attention
+            else lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        )
         params.no_perf = True
         self._ctx = lib.llama_init_from_model(self._model, params)
         if not self._ctx:

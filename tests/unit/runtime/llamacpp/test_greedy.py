@@ -7,13 +7,16 @@ on), while llama.cpp's high-level `Llama` decodes each alone with its greedy sam
 The engine runs other batch shapes (8 rows of up to 5 tokens in one pass, where llama.cpp's
 `Llama` runs one sequence), and ggml sums in other orders for them (the unified KV pool's
 softmax and value products run over every row's cells), so a near-tie can fall the other way.
-Measured on an AVX-512 host: each prompt served alone (K = 1 or 4) gives 6 of 8 answers
-identical to llama.cpp's; served together, 3 of 8, the others parting at gaps of 0.015-0.15
-(one sequence through the engine alone is bit-identical to `Llama`'s logits). So the test walks
+Measured on an AVX-512 host with flash attention off: each prompt served alone (K = 1 or 4)
+gave 6 of 8 answers identical to llama.cpp's; served together, 3 of 8, the others parting at
+gaps of 0.015-0.15 (one sequence through the engine alone is bit-identical to `Llama`'s
+logits). With it on (both sides, the default since December 5): 1 of 8 identical, the others
+parting at gaps of 0.008-0.36 (AMD EPYC family 26). So the test walks
 each pair of answers to where they part, if they do, and bounds the gap there in llama.cpp's own
 logits after the common prefix by GAP_BOUND: a real fault (a wrong position, a stale cache
-entry) moves logits by whole units. Flash attention is off on both sides (ggml's CPU flash
-attention moved these logits by up to 1.8 against its own non-flash path).
+entry) moves logits by whole units. Flash attention is on on both sides, as the engine serves
+(ggml's CPU flash attention moves these logits by up to 2.3 against its own plain path: a KL of
+3.7e-3 at the median position; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def chat(question: str) -> str:
 
 def llamacpp_greedy(binding, path, prompts: list[list[int]], eos: set[int]) -> list[list[int]]:
     llm = binding.Llama(
-        model_path=str(path), n_ctx=CONTEXT, n_threads=2, verbose=False, flash_attn=False
+        model_path=str(path), n_ctx=CONTEXT, n_threads=2, verbose=False, flash_attn=True
     )
     answers = []
     for prompt in prompts:
@@ -93,7 +96,7 @@ def parting_gap(binding, path, prompt: list[int], want: list[int], have: list[in
         n_threads=2,
         verbose=False,
         logits_all=True,
-        flash_attn=False,
+        flash_attn=True,
     )
     llm.eval(prompt + want[:index])
     logits = llm.scores[llm.n_tokens - 1]
@@ -118,7 +121,7 @@ def test_engine_greedy_equals_llamacpp_greedy(binding, smollm2_gguf) -> None:
         print(f"{question!r} parts at token {index}: gap {gap:.3f}")
         assert gap <= GAP_BOUND, f"{question!r}: parts at {index} with a logit gap of {gap:.3f}"
     print(f"{same} of {len(QUESTIONS)} answers identical")
-    assert same >= 2
+    assert same >= 1
     assert sum(map(len, expected)) > 4 * MAX_NEW  # real answers, not immediate EOS
 
 
