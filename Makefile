@@ -128,7 +128,7 @@ soak: $(STAMP) ## 64 clients for 10 minutes, memory and shared memory watched (b
 # minute: avspec.serving.host_costs) and caches them by CPU, engine, precision, threads and model
 # files under ~/.cache/avspec/costs; `make costs` measures them again (after a BIOS change, or a
 # busy machine at first start), for the same pair, precision and engine as `make serve` (ENGINE=).
-costs: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors models/draft/model.gguf) ## measure this host's cost tables again (about a minute; the server does it at first start)
+costs: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors models/draft/model.gguf) ## measure this host's cost tables again (40 s on torch, 2 min on llama.cpp; the server does it at first start)
 	$(PY) -m avspec.serving.launcher --model-repository model_repository \
 		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) --remeasure-costs --costs-only \
 		$(if $(TARGET_DTYPE),--target-dtype $(TARGET_DTYPE)) \

@@ -13,8 +13,8 @@ at several times one; in bfloat16 torch at about one). So the repository's verif
   ~/.cache/avspec/costs (started as root: /var/cache/avspec/costs, given to the server's user;
   a cache that cannot be written: a temporary file, measured each start);
 - found: used as it is; missing, or `--remeasure-costs` (`make costs`): measured first by
-  `python -m avspec.tools.profile_costs` on a short ladder (`LADDER`: about a minute for the
-  default pair on 2 cores), written there, then used.
+  `python -m avspec.tools.profile_costs` on a short ladder (`LADDER`: 40 s on torch, 2 min on
+  llama.cpp's engine for the default pair on 2 cores), written there, then used.
 
 The served path's per-step hops are not in an in-process profile: the file starts from
 `OVERHEAD_MS`, and the verifier's online refresh (avspec.av.cost_refresh) replaces it with the
@@ -67,6 +67,7 @@ class CostSetup:
     max_draft_tokens: int
     draft_top_k: int
     gguf: str  # llamacpp: the stages' GGUF file name
+    flash_attention: bool  # llamacpp: ggml's flash attention
 
     def files(self) -> list[Path]:
         """The files each stage loads, whose identity is part of the key."""
@@ -97,7 +98,8 @@ class CostSetup:
             *LADDER, "--output", str(output), "--plot", str(output.with_suffix(".png")),
         ]  # fmt: skip
         if self.engine == "llamacpp":
-            return [*command, "--engine-threads", str(self.threads)]
+            plain = [] if self.flash_attention else ["--no-flash-attention"]
+            return [*command, "--engine-threads", str(self.threads), *plain]
         command += ["--dtype", self.target_dtype, "--draft-dtype", self.draft_dtype]
         return [*command, "--threads", str(self.threads or os.cpu_count())]
 
@@ -136,6 +138,7 @@ def cost_setup(
         max_draft_tokens=target.max_draft_tokens,
         draft_top_k=draft.draft_top_k,
         gguf=target.gguf,
+        flash_attention=target.flash_attention,
     )
 
 
@@ -179,7 +182,7 @@ def resolve_host_costs(
         return [*lines, f"avspec: cost tables of this host: {path}"]
     threads = setup.threads or os.cpu_count()
     what = f"{setup.engine}, {setup.precisions}, {threads} thread{'s' if threads != 1 else ''}"
-    print(f"avspec: measuring this host's cost tables ({what}; about a minute) ...", flush=True)
+    print(f"avspec: measuring this host's cost tables ({what}; 1-2 minutes) ...", flush=True)
     with tempfile.TemporaryDirectory(prefix="avspec-mpl-") as config:  # matplotlib's cache
         environment = {**os.environ, "MPLCONFIGDIR": config}
         done = subprocess.run(

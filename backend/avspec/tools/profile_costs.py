@@ -69,6 +69,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--engine-threads", type=int, default=0, help="llamacpp: 0 = every core")
     parser.add_argument(
+        "--no-flash-attention", dest="flash_attention", action="store_false",
+        help="llamacpp: ggml's plain attention (the stages' flash_attention: false)",
+    )  # fmt: skip
+    parser.add_argument(
         "--dtype", default="auto", choices=PRECISIONS,
         help="the served precision (the stages' `dtype` parameter; default auto)",
     )  # fmt: skip
@@ -158,6 +162,7 @@ def _gguf_pair(args: argparse.Namespace) -> tuple[GGUFModel, GGUFModel, str]:
     settings = EngineSettings(
         max_sequences=rows, pool_tokens=rows * length,
         max_outputs=widest * (args.max_draft_tokens + 1), threads=args.engine_threads,
+        flash_attention=args.flash_attention,
         max_length=length,
     )  # fmt: skip
     target = GGUFModel(args.target_dir / GGUF_FILE, settings)
