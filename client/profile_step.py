@@ -7,7 +7,7 @@
 The default pair's stages (`--engine`: each directory's model.gguf on llama.cpp's engine, or the
 checkpoints in the `auto` precision on torch) step `--rows` chat prompts of workloads/chat.jsonl
 (the served prompt text) through `SpeculativeStep` with the served verifier (the estimator at
-its defaults and `models/cost_tables.json`), the scheduler's own bookkeeping included. The first
+its defaults and `--cost-tables`), the scheduler's own bookkeeping included. The first
 steps (every prompt's prefill) are not counted; then `--steps` steps are, with every row kept
 busy (`max_tokens` large enough). Per step: the draft stage, the verifier and the target stage,
 each split into its model's compute (`forward_cached` and the output layer: `logits`,
@@ -83,7 +83,9 @@ def load_models(engine: str, rows: int, threads: int) -> tuple[Any, Any]:
             load_served_model(ROOT / "models/draft", "cpu", "auto"))  # fmt: skip
 
 
-def build_step(engine: str, rows: int, threads: int, clock: Clock) -> SpeculativeStep:
+def build_step(
+    engine: str, rows: int, threads: int, clock: Clock, costs: Path
+) -> SpeculativeStep:
     target, draft = load_models(engine, rows, threads)
     for role, model in (("target", target), ("draft", draft)):
         for call in MODEL_CALLS:
@@ -93,7 +95,7 @@ def build_step(engine: str, rows: int, threads: int, clock: Clock) -> Speculativ
     draft_stage = DraftStage(draft, draft.new_cache(rows, 1024), K, draft_vocab=vocab)
     target_stage = TargetStage(target, target.new_cache(rows, 1024), K)
     estimator = AcceptanceEstimator(EstimatorConfig(num_positions=K), "cpu")
-    verifier = AdaptiveVerifier(estimator, load_cost_tables(ROOT / "models/cost_tables.json"))
+    verifier = AdaptiveVerifier(estimator, load_cost_tables(costs))
     step = SpeculativeStep(draft_stage, verifier, target_stage)
     step.draft = clock.part("draft", step.draft)
     step.target = clock.part("target", step.target)
@@ -110,9 +112,11 @@ def request(prompt: list[int], arm: str, max_tokens: int) -> GenerationRequest:
                              adaptive=adaptive, adaptive_drafting=adaptive)  # fmt: skip
 
 
-def measure(engine: str, rows: int, arm: str, steps: int, threads: int) -> dict[str, Any]:
+def measure(
+    engine: str, rows: int, arm: str, steps: int, threads: int, costs: Path
+) -> dict[str, Any]:
     clock = Clock()
-    step = build_step(engine, rows, threads, clock)
+    step = build_step(engine, rows, threads, clock, costs)
     tokenizer = load_tokenizer(ROOT / "models/target")
     lines = (ROOT / "workloads/chat.jsonl").read_text().splitlines()
     prompts = [tokenizer.encode(json.loads(lines[i % len(lines)])["prompt"]) for i in range(rows)]
@@ -172,14 +176,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=0, help="llamacpp threads (0: every core)")
     parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument(
+        "--cost-tables", default="",
+        help="the verifier's tables by engine, e.g. torch=PATH,llamacpp=PATH (the launcher's "
+        "measured ones: make costs prints them); an engine not named: models/cost_tables.json",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=ROOT / "bench/step_breakdown")
     args = parser.parse_args(argv)
+    named = dict(item.split("=", 1) for item in args.cost_tables.split(",") if item)
+    recorded = ROOT / "models/cost_tables.json"
+    costs = {e: Path(named.get(e, recorded)) for e in args.engine.split(",")}
     torch.set_num_threads(args.torch_threads)
     results = []
     for engine in args.engine.split(","):
         for rows in (int(r) for r in args.rows.split(",")):
             for arm in args.arms.split(","):
-                result = measure(engine, rows, arm, args.steps, args.threads)
+                result = measure(engine, rows, arm, args.steps, args.threads, costs[engine])
                 print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                   for k, v in result.items()}), flush=True)  # fmt: skip
                 results.append(result)

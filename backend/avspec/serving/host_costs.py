@@ -33,6 +33,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from avspec.runtime.hf_files import GGUF_FILE
 from avspec.runtime.llamacpp.binding import cpu_key
 from avspec.serving.model_pair import (
     STAGES,
@@ -66,13 +67,13 @@ class CostSetup:
     threads: int  # per stage: OMP_NUM_THREADS (torch) or the engine's threads, 0 = every core
     max_draft_tokens: int
     draft_top_k: int
-    gguf: str  # llamacpp: the stages' GGUF file name
+    gguf: str  # llamacpp: the target's GGUF file name (the draft's is model.gguf)
     flash_attention: bool  # llamacpp: ggml's flash attention
 
     def files(self) -> list[Path]:
         """The files each stage loads, whose identity is part of the key."""
         if self.engine == "llamacpp":
-            return [self.target_dir / self.gguf, self.draft_dir / self.gguf]
+            return [self.target_dir / self.gguf, self.draft_dir / GGUF_FILE]
         return sorted(
             [*self.target_dir.glob("*.safetensors"), *self.draft_dir.glob("*.safetensors")]
         )
@@ -99,7 +100,8 @@ class CostSetup:
         ]  # fmt: skip
         if self.engine == "llamacpp":
             plain = [] if self.flash_attention else ["--no-flash-attention"]
-            return [*command, "--engine-threads", str(self.threads), *plain]
+            gguf = ["--target-gguf", self.gguf]
+            return [*command, "--engine-threads", str(self.threads), *gguf, *plain]
         command += ["--dtype", self.target_dtype, "--draft-dtype", self.draft_dtype]
         return [*command, "--threads", str(self.threads or os.cpu_count())]
 

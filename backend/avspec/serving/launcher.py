@@ -57,6 +57,7 @@ from avspec.serving.host_costs import (
 )
 from avspec.serving.model_pair import (
     VERIFIER,
+    check_target_gguf,
     prepare_pair,
     resolve_auto_engine,
     shared_pool_overrides,
@@ -177,6 +178,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "torch (the Hugging Face checkpoint in --*-dtype), llamacpp (llama.cpp's ggml on the "
         "CPU, serving each model directory's model.gguf as it is quantized; `make llamacpp`) "
         "or auto (torch where the CPU has native bfloat16, else llamacpp; printed at start)",
+    )
+    parser.add_argument(
+        "--target-gguf",
+        help="llama.cpp's engine: the target's GGUF file in its model directory (default "
+        "model.gguf, the file as published; model.Q4_0.gguf after make models QUANT=Q4_0)",
     )
     parser.add_argument(
         "--engine-threads",
@@ -341,19 +347,23 @@ def prepare_repository(
         for line in [*resolve_auto_engine(repository, pair, overrides),
                      *shared_pool_overrides(repository, pair, overrides)]:  # fmt: skip
             print(line, flush=True)
+        check_target_gguf(repository, overrides)
         for line in resolve_host_costs(repository, pair, overrides, costs or CostOptions()):
             print(line, flush=True)
     return copy_repository(repository, workdir / repository.name, overrides)
 
 
 def _stage_settings(args: argparse.Namespace) -> dict[str, dict[str, str]]:
-    """The --target-dtype / --draft-dtype / --engine / --cost-tables given, by model."""
+    """The --target-dtype / --draft-dtype / --engine / --target-gguf / --cost-tables given,
+    by model."""
     given = {"target": args.target_dtype, "draft": args.draft_dtype}
     settings = {stage: {"dtype": dtype} for stage, dtype in given.items() if dtype is not None}
     for name, value in (("engine", args.engine), ("threads", args.engine_threads)):
         if value is not None:
             for stage in given:
                 settings.setdefault(stage, {})[name] = str(value)
+    if args.target_gguf is not None:
+        settings.setdefault("target", {})["gguf"] = args.target_gguf
     if args.cost_tables is not None:
         settings[VERIFIER] = {"cost_tables": str(args.cost_tables.resolve())}
     return settings
@@ -443,7 +453,8 @@ def _reexec_sandboxed(args: argparse.Namespace, user: ServerUser, secrets: Secre
     costs = cache_directory(args.cost_cache)  # this host's cost tables, written by `user`
     writable = [*files.writable, costs]
     grant_writable(writable, user)
-    given = (args.draft_model, args.target_model, args.tritonserver, args.backend_directory)
+    given = (args.draft_model, args.target_model, args.tritonserver, args.backend_directory,
+             args.cost_tables)  # fmt: skip
     expose = sandbox_paths(files, Path.cwd(), *(Path(p).resolve() for p in given if p))
     if secrets != Secrets():
         os.environ[ADMIN_KEY_FD_ENV] = str(_pipe_secrets(secrets))

@@ -261,9 +261,21 @@ def resolve_auto_engine(
               for role in STAGES}  # fmt: skip
     if "auto" not in wanted.values():
         return []
-    files = [pair.draft.directory / GGUF_FILE, pair.target.directory / GGUF_FILE]
+    gguf = served_parameters(repository, "target", overrides).get("gguf", GGUF_FILE)
+    files = [pair.draft.directory / GGUF_FILE, pair.target.directory / gguf]
     engine, why = choose_engine(files)
     for role in STAGES:
         if wanted[role] == "auto":
             overrides.setdefault(role, {})["engine"] = engine
     return [f"avspec: engine {engine} ({why})"]
+
+
+def check_target_gguf(repository: Path | str, overrides: dict[str, dict[str, object]]) -> None:
+    """A target GGUF other than model.gguf (a requantized file) is llama.cpp's engine's only:
+    raise ValueError naming both when the target's resolved engine is another."""
+    target = stage_parameters(repository, "target", overrides)
+    if target.gguf != GGUF_FILE and target.engine != "llamacpp":
+        raise ValueError(
+            f"the target's GGUF {target.gguf!r} is served by llama.cpp's engine only, and the "
+            f"target runs {target.engine!r}: add --engine llamacpp (make serve ENGINE=llamacpp)"
+        )

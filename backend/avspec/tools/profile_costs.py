@@ -69,6 +69,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--engine-threads", type=int, default=0, help="llamacpp: 0 = every core")
     parser.add_argument(
+        "--target-gguf", default=GGUF_FILE,
+        help="llamacpp: the target's GGUF file in --target-dir (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--no-flash-attention", dest="flash_attention", action="store_false",
         help="llamacpp: ggml's plain attention (the stages' flash_attention: false)",
     )  # fmt: skip
@@ -165,7 +169,7 @@ def _gguf_pair(args: argparse.Namespace) -> tuple[GGUFModel, GGUFModel, str]:
         flash_attention=args.flash_attention,
         max_length=length,
     )  # fmt: skip
-    target = GGUFModel(args.target_dir / GGUF_FILE, settings)
+    target = GGUFModel(args.target_dir / args.target_gguf, settings)
     draft = GGUFModel(args.draft_dir / GGUF_FILE, settings)
     threads = settings.thread_count
     what = f"{target.path} + {draft.path} (llama.cpp, {threads} threads)"

@@ -190,3 +190,13 @@ def test_stage_dtype_by_device() -> None:
     with pytest.raises(ValueError, match="vocab_limit"):
         StageParams(model_dir="x", vocab_limit=-1)
     assert getattr(torch, StageParams(model_dir="x").dtype) is torch.float32
+
+
+def test_a_requantized_target_needs_llamacpps_engine() -> None:
+    from avspec.serving.model_pair import check_target_gguf
+
+    quantized = {"gguf": "model.Q4_0.gguf"}
+    with pytest.raises(ValueError, match="llama.cpp's engine only.*'torch'"):
+        check_target_gguf(REPOSITORY, {"target": {**quantized, "engine": "torch"}})
+    check_target_gguf(REPOSITORY, {"target": {**quantized, "engine": "llamacpp"}})
+    check_target_gguf(REPOSITORY, {"target": {"engine": "torch"}})  # the published file: any
