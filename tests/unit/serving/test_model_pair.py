@@ -200,3 +200,14 @@ def test_a_requantized_target_needs_llamacpps_engine() -> None:
         check_target_gguf(REPOSITORY, {"target": {**quantized, "engine": "torch"}})
     check_target_gguf(REPOSITORY, {"target": {**quantized, "engine": "llamacpp"}})
     check_target_gguf(REPOSITORY, {"target": {"engine": "torch"}})  # the published file: any
+
+
+def test_the_gguf_and_attention_parameters_can_be_overridden(tmp_path: Path) -> None:
+    """`make serve QUANT=Q4_0` overrides the target's gguf: each stage config must list it."""
+    from avspec.serving.repository import copy_repository
+
+    given = {"gguf": "model.Q4_0.gguf", "flash_attention": "false"}
+    copy = copy_repository(REPOSITORY, tmp_path / "repo", {"target": given, "draft": given})
+    for stage in ("target", "draft"):
+        params = read_config_parameters((copy / stage / "config.pbtxt").read_text())
+        assert {k: params[k] for k in given} == given
