@@ -35,18 +35,25 @@ def test_the_requantized_file_is_q4_0(smollm2_gguf: Path, q4_0: Path) -> None:
     assert q4_0.stat().st_size < smollm2_gguf.stat().st_size  # Q4_0 has no block minimum
 
 
-def test_agreement_is_measured_not_assumed(smollm2_gguf: Path, q4_0: Path, prompts) -> None:
-    """The published file against itself agrees exactly; against its requantization it moves
-    a little (measured on 32 prompts: docs/benchmarks.md); against another model (the draft's
-    file, three of the target's layers) it moves far: the measure tells them apart."""
+def test_agreement_is_measured_not_assumed(
+    smollm2_gguf: Path, q4_0: Path, prompts, tmp_path: Path
+) -> None:
+    """The published file against itself agrees exactly; its Q8_0 requantization stays close
+    (measured: KL median 0.006, 98.7% argmax on these prompts); Q4_0 moves it (0.35, 61%; 0.31
+    and 62.5% on 32 prompts: models/QUANTIZATION.md); another model (the draft's file, three of
+    the target's layers) moves it far (2.7, 22%): the measure orders them."""
     same = agreement(smollm2_gguf, smollm2_gguf, prompts)
     assert same["kl_max"] < 1e-6 and same["argmax_agreement"] == 1.0
+    q8_0 = tmp_path / "model.Q8_0.gguf"
+    requantize(smollm2_gguf, q8_0, "Q8_0")
+    close = agreement(smollm2_gguf, q8_0, prompts)
     near = agreement(smollm2_gguf, q4_0, prompts)
-    assert 0 < near["kl_median"] < 0.05 and near["argmax_agreement"] > 0.85
+    assert 0 < close["kl_median"] < near["kl_median"] / 10
+    assert close["argmax_agreement"] > 0.95 > near["argmax_agreement"] > 0.5
     draft = ROOT / "models" / "draft" / "model.gguf"
     if draft.is_file():
         far = agreement(smollm2_gguf, draft, prompts)
-        assert far["kl_median"] > 5 * near["kl_median"] and far["argmax_agreement"] < 0.85
+        assert far["kl_median"] > 3 * near["kl_median"] and far["argmax_agreement"] < 0.4
 
 
 def test_unknown_types_and_missing_files_are_refused(tmp_path: Path, smollm2_gguf) -> None:
