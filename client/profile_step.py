@@ -83,9 +83,7 @@ def load_models(engine: str, rows: int, threads: int) -> tuple[Any, Any]:
             load_served_model(ROOT / "models/draft", "cpu", "auto"))  # fmt: skip
 
 
-def build_step(
-    engine: str, rows: int, threads: int, clock: Clock, costs: Path
-) -> SpeculativeStep:
+def build_step(engine: str, rows: int, threads: int, clock: Clock, costs: Path) -> SpeculativeStep:
     target, draft = load_models(engine, rows, threads)
     for role, model in (("target", target), ("draft", draft)):
         for call in MODEL_CALLS:
