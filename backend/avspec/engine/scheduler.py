@@ -115,8 +115,8 @@ class Scheduler:
     sets them from its parameters (docs/serving.md). The fair share of the batch is always on.
     `kv_pool_tokens`: the stages keep every sequence's keys and values in one shared pool of that
     many cells (llama.cpp's engine): a request is admitted only while the admitted ones' prompt +
-    max_tokens + K fit in it together, and one that could never fit is refused (None: each
-    sequence has its own `max_context` slot). `clock` (seconds, monotonic) times the wall-clock
+    max_tokens + K fit in it together, never ahead of an older one still waiting for cells, and
+    one that could never fit is refused (None: each sequence has its own `max_context` slot). `clock` (seconds, monotonic) times the wall-clock
     limit.
     """
 
@@ -382,13 +382,21 @@ class Scheduler:
 
         # a shared KV pool: admit a new request only while every admitted one can still reach
         # its longest (paused ones keep their cells), so no step runs out of cells
-        cells = math.inf
+        cells, first_waiting = math.inf, math.inf
         if self.kv_pool_tokens is not None:
             held = [*self._live, *(s for s in self._queue if s.stepped)]
             cells = self.kv_pool_tokens - sum(self._need(s.request) for s in held)
+            # no overtaking: while the oldest new request waits for cells, a later one may not
+            # take them (so a large request waits for running ones to end, not for a lull)
+            waiting = [s for s in self._queue if not s.stepped]
+            oldest = min(waiting, key=_seq_id, default=None)
+            if oldest is not None and self._need(oldest.request) > cells:
+                first_waiting = oldest.seq_id
 
         def fits(seq: SequenceState) -> bool:
-            return seq.stepped or (room > 0 and self._need(seq.request) <= cells)
+            if seq.stepped:
+                return True
+            return room > 0 and self._need(seq.request) <= cells and seq.seq_id <= first_waiting
 
         def under_quota(client: str, seq: SequenceState) -> bool:
             return live[client] < quotas.get(client, 0) and fits(seq)

@@ -641,3 +641,28 @@ def test_a_shared_kv_pool_admits_what_fits_together() -> None:
 def test_fair_share_constructor_validation(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Scheduler(FakeStep(), EOS, 4, 64, K, **kwargs)
+
+
+def test_a_large_request_is_not_overtaken_in_the_pool() -> None:
+    """A request waiting for cells is admitted before any later one: small requests of other
+    clients arriving after it wait too, so it starts once the running ones end (without this rule, a stream of
+    small requests that each fit keeps it out for as long as they keep coming)."""
+    def ever_stepped(fake: FakeStep) -> set[int]:
+        return {i for call in fake.calls for i in call.seq_ids.tolist()}
+
+    fake = FakeStep()
+    pool = 120
+    scheduler = Scheduler(fake, EOS, 8, 128, K, kv_pool_tokens=pool)
+    running = submit(scheduler, 10, 50, client="A")[0]  # 60 + K cells
+    scheduler.step()
+    large = submit(scheduler, 10, 90, client="B")[0]  # 100 + K: not while `running` runs
+    # other clients' (within one client the queue is first in, first out anyway)
+    small = [submit(scheduler, 4, 4, client=f"C{i}")[0] for i in range(3)]  # 8 + K: fit now
+    scheduler.step()
+    assert large not in ever_stepped(fake) and not set(small) & ever_stepped(fake)
+    while large not in ever_stepped(fake):
+        assert not set(small) & ever_stepped(fake), "a later request overtook the large one"
+        scheduler.step()
+    scheduler.run_until_idle()
+    assert running in ever_stepped(fake) and set(small) <= ever_stepped(fake)
+    assert fake.history == {}
