@@ -116,8 +116,8 @@ class Scheduler:
     `kv_pool_tokens`: the stages keep every sequence's keys and values in one shared pool of that
     many cells (llama.cpp's engine): a request is admitted only while the admitted ones' prompt +
     max_tokens + K fit in it together, never ahead of an older one still waiting for cells, and
-    one that could never fit is refused (None: each sequence has its own `max_context` slot). `clock` (seconds, monotonic) times the wall-clock
-    limit.
+    one that could never fit is refused (None: each sequence has its own `max_context` slot).
+    `clock` (seconds, monotonic) times the wall-clock limit.
     """
 
     def __init__(

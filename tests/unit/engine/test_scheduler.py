@@ -645,8 +645,9 @@ def test_fair_share_constructor_validation(kwargs: dict, match: str) -> None:
 
 def test_a_large_request_is_not_overtaken_in_the_pool() -> None:
     """A request waiting for cells is admitted before any later one: small requests of other
-    clients arriving after it wait too, so it starts once the running ones end (without this rule, a stream of
-    small requests that each fit keeps it out for as long as they keep coming)."""
+    clients arriving after it wait too, so it starts once the running ones end (without this
+    rule, a stream of small requests that each fit keeps it out while they keep coming)."""
+
     def ever_stepped(fake: FakeStep) -> set[int]:
         return {i for call in fake.calls for i in call.seq_ids.tolist()}
 
