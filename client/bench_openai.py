@@ -220,6 +220,7 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> str:
     """Start a server on a copy of --model-repository in `<out dir>/server` (free ports); with
     --chat-template, its target is a copy of the target directory with that template as
     `chat_template.jinja`. Returns the front's HTTP URL."""
+    from avspec.serving.host_costs import resolve_for_repository
     from avspec.serving.repository import copy_repository
     from avspec.serving.server_process import ServerProcess, free_port
 
@@ -239,6 +240,8 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> str:
     for model, directory in (("target", target), ("draft", args.draft_dir)):
         if directory is not None:
             overrides[model] = {"model_dir": Path(directory).resolve()}
+    for line in resolve_for_repository(args.model_repository, overrides):
+        print(line, flush=True)  # this host's cost tables, as the launcher gives them
     repository = copy_repository(args.model_repository, work / "model_repository", overrides)
     ports = [free_port() for _ in range(3)]
     server = ServerProcess(repository, *ports, log_path=work / "tritonserver.log")

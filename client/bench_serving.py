@@ -366,6 +366,7 @@ def scrape_estimator(metrics_url: str) -> dict[str, float]:
 
 def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     """Start a server on a copy of --model-repository (snapshot in --out); return its URLs."""
+    from avspec.serving.host_costs import resolve_for_repository
     from avspec.serving.repository import copy_repository
     from avspec.serving.server_process import ServerProcess, free_port
 
@@ -384,6 +385,8 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     for stage in ("target", "draft"):  # the stages' `dtype` (e.g. w8a8, int4)
         if getattr(args, f"{stage}_dtype", None):
             overrides.setdefault(stage, {})["dtype"] = getattr(args, f"{stage}_dtype")
+    for line in resolve_for_repository(args.model_repository, overrides):
+        print(line, flush=True)  # this host's cost tables, as the launcher gives them
     repo = copy_repository(args.model_repository, work / "model_repository", overrides)
     ports = [free_port() for _ in range(3)]
     server = ServerProcess(repo, *ports, log_path=work / "tritonserver.log")

@@ -116,6 +116,7 @@ def _progress(
 def start_server(stack: ExitStack, args: argparse.Namespace) -> ServerProcess:
     """Start a server on a copy of --model-repository (log and snapshot in --out/server)."""
     # imported here: it pulls in torch, which only --start-server needs (--help stays quick)
+    from avspec.serving.host_costs import resolve_for_repository
     from avspec.serving.repository import copy_repository
 
     work = args.out / "server"
@@ -123,6 +124,8 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> ServerProcess:
         shutil.rmtree(work)
     # the estimator snapshot goes to the copy: a soak must not overwrite the deployed one
     overrides = {"verifier": {"snapshot_path": work / "estimator_snapshot.json"}}
+    for line in resolve_for_repository(args.model_repository, overrides):
+        print(line, flush=True)  # this host's cost tables, as the launcher gives them
     repo = copy_repository(args.model_repository, work / "model_repository", overrides)
     ports = [free_port() for _ in range(3)]
     server = ServerProcess(repo, *ports, log_path=work / "tritonserver.log")

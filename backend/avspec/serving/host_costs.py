@@ -39,10 +39,12 @@ from avspec.serving.model_pair import (
     STAGES,
     VERIFIER,
     PreparedPair,
+    prepare_pair,
+    resolve_auto_engine,
     served_parameters,
     stage_parameters,
 )
-from avspec.serving.repository import HOST_COST_TABLES
+from avspec.serving.repository import HOST_COST_TABLES, resolve_path
 
 CACHE_ENV = "AVSPEC_COST_CACHE"
 ROOT_CACHE = Path("/var/cache/avspec/costs")
@@ -196,3 +198,21 @@ def resolve_host_costs(
                 "the verifier uses linear defaults; retry with make costs"]  # fmt: skip
     overrides.setdefault(VERIFIER, {})["cost_tables"] = str(path)
     return [*lines, f"avspec: cost tables of this host measured: {path}"]
+
+
+def resolve_for_repository(
+    repository: Path | str, overrides: dict[str, dict[str, object]], cpu_threads: int | None = 1
+) -> list[str]:
+    """For a tool that serves a copy of `repository` with its own ServerProcess (a benchmark, a
+    soak): resolve the verifier's `host` as the launcher does, for the pair the stages' model_dir
+    name (`overrides`, else the repository's). Also fixes an `auto` engine in `overrides` (the
+    choice the stages would make). Returns the lines to print."""
+    repository = Path(repository).resolve()
+    if served_parameters(repository, VERIFIER, overrides).get("cost_tables") != HOST_COST_TABLES:
+        return []
+    root = repository.parent
+    dirs = {role: resolve_path(root, served_parameters(repository, role, overrides)["model_dir"])
+            for role in STAGES}  # fmt: skip
+    pair = prepare_pair(repository, dirs["draft"], dirs["target"])
+    lines = resolve_auto_engine(repository, pair, overrides)
+    return [*lines, *resolve_host_costs(repository, pair, overrides, CostOptions(cpu_threads))]

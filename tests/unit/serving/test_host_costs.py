@@ -125,3 +125,19 @@ def test_make_costs_measures_and_exits(prepared, tmp_path: Path, monkeypatch, ca
     assert "avspec: serving" not in out and len(list(tmp_path.glob("torch-1t-*.json"))) == 1
     assert launcher.main(common) == 1
     assert "--costs-only needs --draft-model" in capsys.readouterr().err
+
+
+def test_a_tool_serving_a_copy_gets_the_same_tables(prepared, tmp_path, monkeypatch) -> None:
+    """Benchmarks and soaks that start their own ServerProcess resolve `host` like the launcher
+    (the pair from the stages' model_dir), so they do not fall back to linear defaults."""
+    from avspec.serving.host_costs import resolve_for_repository
+
+    monkeypatch.setattr(host_costs, "LADDER", SMALL)
+    monkeypatch.setenv(host_costs.CACHE_ENV, str(tmp_path))
+    given = {role: {"model_dir": str(getattr(prepared, role).directory)} for role in TORCH}
+    lines = resolve_for_repository(REPOSITORY, given)
+    assert lines[0].startswith("avspec: engine torch") and "measured" in lines[-1]
+    assert given["target"]["engine"] == given["draft"]["engine"] == "torch"
+    assert Path(str(given["verifier"]["cost_tables"])).parent == tmp_path
+    named = {"verifier": {"cost_tables": "mine.json"}}
+    assert resolve_for_repository(REPOSITORY, named) == []
