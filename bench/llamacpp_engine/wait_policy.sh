@@ -11,7 +11,7 @@ run() {  # name engine_threads wait_policy
     --engine llamacpp --engine-threads $threads --http-port 8100 --grpc-port 8101 --metrics-port 8102 \
     > /tmp/serve_$name.log 2>&1 &
   pid=$!
-  for i in $(seq 1 120); do grep -q "avspec: serving" /tmp/serve_$name.log && break; sleep 1; done
+  for i in $(seq 1 400); do grep -q "avspec: serving" /tmp/serve_$name.log && break; sleep 1; done
   .venv/bin/python client/bench_openai.py --url http://127.0.0.1:8100 --endpoint chat --workloads chat \
     --concurrency 1,16 --requests 16 --warmup-requests 8 --max-tokens 64 --temperature 0.7 --top-p 0.95 \
     --out $out/$name.json > $out/$name.txt 2>&1
