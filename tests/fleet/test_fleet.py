@@ -213,7 +213,7 @@ http {{
     location / {{
       grpc_pass grpc://replicas_grpc;
       grpc_read_timeout 300s;
-      grpc_next_upstream error timeout;
+      grpc_next_upstream error timeout non_idempotent;  # as for HTTP: safe to resend
     }}
   }}
 }}
