@@ -134,8 +134,8 @@ bench: $(STAMP) models/target/config.json models/draft/model.safetensors ## redu
 soak: $(STAMP) ## 64 clients for 10 minutes, memory and shared memory watched (bench/soak)
 	$(PY) client/soak.py --start-server --duration-s 600 --concurrency 64 --out bench/soak
 
-# This host's cost tables: the server measures them at its first start (the launcher, about a
-# minute: avspec.serving.host_costs) and caches them by CPU, engine, precision, threads and model
+# This host's cost tables: the server measures them at its first start (the launcher, 40 s on
+# torch, 2 min on llama.cpp's engine: avspec.serving.host_costs) and caches them by CPU, engine, precision, threads and model
 # files under ~/.cache/avspec/costs; `make costs` measures them again (after a BIOS change, or a
 # busy machine at first start), for the same pair, precision and engine as `make serve` (ENGINE=).
 costs: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors models/draft/model.gguf) ## measure this host's cost tables again (40 s on torch, 2 min on llama.cpp; the server does it at first start)

@@ -388,7 +388,7 @@ class Scheduler:
             cells = self.kv_pool_tokens - sum(self._need(s.request) for s in held)
             # no overtaking: while the oldest new request waits for cells, a later one may not
             # take them (so a large request waits for running ones to end, not for a lull)
-            waiting = [s for s in self._queue if not s.stepped]
+            waiting = (s for s in self._queue if not s.stepped)
             oldest = min(waiting, key=_seq_id, default=None)
             if oldest is not None and self._need(oldest.request) > cells:
                 first_waiting = oldest.seq_id

@@ -182,22 +182,27 @@ def resolve_host_costs(
         directory = Path(tempfile.mkdtemp(prefix="avspec-costs-"))
     path = directory / f"{setup.key()}.json"
     if path.is_file() and not options.remeasure:
-        overrides.setdefault(VERIFIER, {})["cost_tables"] = str(path)
-        return [*lines, f"avspec: cost tables of this host: {path}"]
+        line, value = f"avspec: cost tables of this host: {path}", str(path)
+    elif (status := _measure(setup, path)) == 0 and path.is_file():
+        line, value = f"avspec: cost tables of this host measured: {path}", str(path)
+    else:  # the verifier's linear defaults, warned
+        line = (f"avspec: measuring the cost tables failed (exit {status}): the verifier uses "
+                "linear defaults; retry with make costs")  # fmt: skip
+        value = ""
+    overrides.setdefault(VERIFIER, {})["cost_tables"] = value
+    return [*lines, line]
+
+
+def _measure(setup: CostSetup, path: Path) -> int:
+    """Profile `setup` into `path` (its progress on stderr); the profile's exit status."""
     threads = setup.threads or os.cpu_count()
     what = f"{setup.engine}, {setup.precisions}, {threads} thread{'s' if threads != 1 else ''}"
     print(f"avspec: measuring this host's cost tables ({what}; 1-2 minutes) ...", flush=True)
     with tempfile.TemporaryDirectory(prefix="avspec-mpl-") as config:  # matplotlib's cache
         environment = {**os.environ, "MPLCONFIGDIR": config}
-        done = subprocess.run(
-            setup.profile_command(path), stdout=subprocess.DEVNULL, env=environment, check=False
-        )
-    if done.returncode != 0 or not path.is_file():
-        overrides.setdefault(VERIFIER, {})["cost_tables"] = ""
-        return [*lines, f"avspec: measuring the cost tables failed (exit {done.returncode}): "
-                "the verifier uses linear defaults; retry with make costs"]  # fmt: skip
-    overrides.setdefault(VERIFIER, {})["cost_tables"] = str(path)
-    return [*lines, f"avspec: cost tables of this host measured: {path}"]
+        command = setup.profile_command(path)
+        done = subprocess.run(command, stdout=subprocess.DEVNULL, env=environment, check=False)
+    return done.returncode
 
 
 def resolve_for_repository(
