@@ -398,6 +398,8 @@ class ServerProcess:
             sock.unlink(missing_ok=True)
         self._launch()
         self.wait_ready()
+        if self.front is not None:
+            self.front.reconnect_upstream()
         self._start_supervisor()
         self._serving = True
 

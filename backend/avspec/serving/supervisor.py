@@ -63,7 +63,11 @@ def _alive(stub: Stub) -> bool:
 
 
 def find_stubs(server_pid: int, repository: Path) -> dict[str, Stub]:
-    """The live stubs that `server_pid` started for models of `repository`, by model name."""
+    """The live stubs that `server_pid` started for models of `repository`, by model name.
+
+    Just after a reload the old stub may still be exiting beside the new one: the newest
+    (latest start time) is the model's stub.
+    """
     repository = repository.resolve()
     stubs: dict[str, Stub] = {}
     for entry in Path("/proc").iterdir():
@@ -78,7 +82,9 @@ def find_stubs(server_pid: int, repository: Path) -> dict[str, Stub]:
         except OSError:
             continue
         stub = _parse_stub(pid, int(fields[19]), [a.decode(errors="replace") for a in argv])
-        if stub is not None and stub.model_file.resolve().is_relative_to(repository):
+        if stub is None or not stub.model_file.resolve().is_relative_to(repository):
+            continue
+        if stub.model not in stubs or stub.start_time > stubs[stub.model].start_time:
             stubs[stub.model] = stub
     return stubs
 

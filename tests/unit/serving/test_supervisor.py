@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from avspec.serving import supervisor as supervisor_module
 from avspec.serving.supervisor import StageSupervisor, find_stubs
 
 MODELS = ("draft", "speculative", "verifier")
@@ -100,6 +101,32 @@ def test_find_stubs_maps_each_model_to_its_stub(fake: FakeServer) -> None:
     assert stubs["draft"].pid == fake.processes["draft"].pid
     assert stubs["draft"].shm_region == fake.processes["draft"].args[2]
     assert find_stubs(os.getpid(), fake.repository / "elsewhere") == {}
+
+
+def _by_pid(path: Path) -> tuple:
+    return (path.name.isdigit(), len(path.name), path.name)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_find_stubs_takes_the_newest_while_an_old_stub_exits(
+    fake: FakeServer, monkeypatch: pytest.MonkeyPatch, reverse: bool
+) -> None:
+    """Just after a reload Triton's old stub may still be exiting beside the new one: a CI run's
+    soak read the old one first, then the new one, and called it a restart. Whatever order
+    /proc lists them in, the newest is the model's stub."""
+    old = fake.processes["verifier"]
+    time.sleep(0.05)  # start times count in clock ticks (10 ms)
+    new = subprocess.Popen([str(fake.binary), *old.args[1:]])
+    fake.started.append(new)
+    time.sleep(0.2)  # let the interpreter replace the fork's command line
+
+    class ListedInOrder(type(Path())):
+        def iterdir(self):
+            entries = sorted(super().iterdir(), key=_by_pid)
+            return iter(reversed(entries) if reverse else entries)
+
+    monkeypatch.setattr(supervisor_module, "Path", ListedInOrder)
+    assert find_stubs(os.getpid(), fake.repository)["verifier"].pid == new.pid
 
 
 def test_start_refuses_a_model_without_stub(fake: FakeServer) -> None:

@@ -172,14 +172,33 @@ class GrpcRelay(grpc.GenericRpcHandler):
         self._server: grpc.aio.Server | None = None
         self._channel: grpc.aio.Channel | None = None
 
-    async def open(self) -> None:
-        self._channel = grpc.aio.insecure_channel(
+    def _open_channel(self) -> grpc.aio.Channel:
+        return grpc.aio.insecure_channel(
             self.config.upstream_grpc,
             options=[
                 ("grpc.max_receive_message_length", -1),  # responses are Triton's business
                 ("grpc.max_send_message_length", -1),
+                # Triton is a local socket: while it restarts, gRPC's default backoff (1 s
+                # growing to 120 s) would fail calls with the old connect error long after
+                # it is back
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+                # a channel of its own: else a new channel shares the old one's connection
+                # (gRPC's global subchannel pool) and so its backoff and error
+                ("grpc.use_local_subchannel_pool", 1),
             ],
         )
+
+    async def reconnect(self) -> None:
+        """A fresh upstream channel, for after tritonserver was started again: calls then
+        connect at once instead of failing with the connect error the old channel kept."""
+        old, self._channel = self._channel, self._open_channel()
+        if old is not None:
+            await old.close()
+
+    async def open(self) -> None:
+        self._channel = self._open_channel()
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", self.config.max_body_bytes),

@@ -124,6 +124,16 @@ class Front:
             result.cancel()
             return 0
 
+    def reconnect_upstream(self) -> None:
+        """Renew the gRPC channel to Triton after tritonserver was started again (thread-safe;
+        nothing when the front is not running)."""
+        with self._lock:
+            if self._stopped or self._loop is None:
+                return
+            loop = self._loop
+        future = asyncio.run_coroutine_threadsafe(self._grpc.reconnect(), loop)
+        future.result(timeout=_ABORT_WAIT_S)
+
     def __enter__(self) -> Front:
         return self.start()
 

@@ -15,13 +15,25 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from concurrent import futures
 
 import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from helpers.front_fakes import ADMIN_KEY, IDLE_S, MAX_BODY, SLOW_S, USED_IDLE_S, infer_request
+from helpers.front_fakes import (
+    ADMIN_KEY,
+    IDLE_S,
+    MAX_BODY,
+    SLOW_S,
+    USED_IDLE_S,
+    FakeTriton,
+    front_config,
+    infer_request,
+)
 from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from avspec.serving.front import Front
 
 PREFIX = "triton-grpc-protocol-"
 
@@ -100,6 +112,32 @@ def test_grpc_inference_fails_fast_while_a_stage_restarts(stub, fake_grpc, state
     with pytest.raises(grpc.RpcError) as err:
         list(stub.ModelStreamInfer(iter([infer_request()])))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_restarted_upstream_is_reached_at_once_after_reconnect(fake_http, tmp_path):
+    """A CI run (December 2026): after tritonserver was started again, calls through the front
+    failed for seconds with the connect error ("No such file or directory") its channel kept
+    from the restart, in gRPC's reconnect backoff. The launcher now renews the channel."""
+    socket_path = tmp_path / "grpc"
+    fake = FakeTriton()
+    config = front_config(fake_http, fake, upstream_grpc=f"unix:{socket_path}")
+    with Front(config) as front, grpc.insecure_channel(f"127.0.0.1:{front.grpc_port}") as c:
+        client = service_pb2_grpc.GRPCInferenceServiceStub(c)
+        for _ in range(6):  # failures while Triton is down push the channel's backoff up
+            with pytest.raises(grpc.RpcError) as err:
+                client.ModelInfer(infer_request(), timeout=5)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            time.sleep(0.25)
+        upstream = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(fake, upstream)
+        upstream.add_insecure_port(f"unix:{socket_path}")
+        upstream.start()
+        try:
+            front.reconnect_upstream()
+            client.ModelInfer(infer_request(), timeout=5)  # at once: no error kept
+            assert len(fake.calls) == 1
+        finally:
+            upstream.stop(grace=None)
 
 
 def test_grpc_oversized_message_is_resource_exhausted(stub, fake_grpc):
