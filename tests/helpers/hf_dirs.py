@@ -55,14 +55,15 @@ TINY_LLAMA = dict(
 )
 
 
-def tiny_llama(vocab_rows: int, seed: int = 0, bos_id: int = 0, eos_id: int = 1):
+def tiny_llama(
+    vocab_rows: int, seed: int = 0, bos_id: int = 0, eos_id: int = 1, max_positions: int = 128
+):
     """A random float32 LlamaForCausalLM with weights large enough for peaked logits."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_rows, bos_token_id=bos_id, eos_token_id=eos_id, **TINY_LLAMA
-    )
+    shape = {**TINY_LLAMA, "max_position_embeddings": max_positions}
+    config = LlamaConfig(vocab_size=vocab_rows, bos_token_id=bos_id, eos_token_id=eos_id, **shape)
     return spread_weights(LlamaForCausalLM(config), seed)
 
 

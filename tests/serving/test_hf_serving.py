@@ -10,8 +10,10 @@ launcher before tritonserver starts.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import openai
 import pytest
 
 pytest.importorskip("transformers")
@@ -28,7 +30,7 @@ from helpers.hf_dirs import (  # noqa: E402
 
 from avspec.runtime.model_dir import load_tokenizer  # noqa: E402
 from avspec.serving import launcher  # noqa: E402
-from avspec.serving.model_pair import prepare_pair  # noqa: E402
+from avspec.serving.model_pair import prepare_pair, shared_pool_overrides  # noqa: E402
 from avspec.serving.repository import copy_repository  # noqa: E402
 from avspec.serving.server_process import ServerProcess, free_port  # noqa: E402
 
@@ -36,6 +38,13 @@ pytestmark = pytest.mark.serving
 
 MAX_NEW = 24
 PROMPTS = ("The quick brown fox", "def add(a, b):")
+CONTEXT = 8192
+LONG = 4096  # max_tokens of one request: past the 512 positions a sequence had before
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,16 +52,23 @@ def hf_server(tmp_path_factory: pytest.TempPathFactory):
     """(server, the transformers target, draft dir, target dir)."""
     tmp = tmp_path_factory.mktemp("hf_serving")
     tok = tiny_tokenizer()
-    target = tiny_llama(tok.get_vocab_size() + 8, seed=21)  # padded rows: vocab_limit masks them
+    # padded rows: vocab_limit masks them; a context of 8,192 positions, as SmolLM2's
+    target = tiny_llama(tok.get_vocab_size() + 8, seed=21, max_positions=CONTEXT)
     draft = perturbed(target, 0.08, seed=22)
     eos = [tok.token_to_id("</s>")]
     target_dir = save_hf_dir(tmp / "target", target, tok, generation_eos=eos)
     draft_dir = save_hf_dir(tmp / "draft", draft, tok, generation_eos=eos)
+    for directory in (target_dir, draft_dir):  # the chat route needs a template
+        config = json.loads((directory / "tokenizer_config.json").read_text())
+        config["chat_template"] = CHATML
+        (directory / "tokenizer_config.json").write_text(json.dumps(config))
     repository = ROOT / "model_repository"
     pair = prepare_pair(repository, draft_dir, target_dir)
-    overrides = {**pair.overrides}
+    overrides = {stage: dict(values) for stage, values in pair.overrides.items()}
     for stage in ("draft", "target"):  # against transformers' float32 (the repository: auto)
-        overrides[stage] = {**overrides.get(stage, {}), "dtype": "float32"}
+        overrides.setdefault(stage, {}).update(dtype="float32", engine="torch")
+    pool_lines = shared_pool_overrides(repository, pair, overrides)  # as the launcher does
+    assert any("target on torch: one KV pool" in line for line in pool_lines), pool_lines
     overrides["verifier"] = {
         **overrides.get("verifier", {}),
         "snapshot_path": str(tmp / "estimator_snapshot.json"),
@@ -120,3 +136,27 @@ def test_bad_pair_fails_the_launcher_naming_both_directories(
     assert code == 1
     assert f"draft {bad.resolve()} and target {target_dir.resolve()}" in err
     assert "do not share a vocabulary: token id" in err
+
+
+def test_a_chat_request_may_use_the_models_own_context(hf_server) -> None:
+    """max_tokens 4,096 (refused before: a sequence had 512 positions) is accepted and runs
+    until the model ends its turn or reaches 4,096 tokens, over the torch runtime's shared
+    KV pool; a request past the context is refused naming the limit."""
+    server = hf_server[0]
+    with openai.OpenAI(base_url=server.http_url + "/v1", api_key="-", max_retries=0) as client:
+        answer = client.chat.completions.create(
+            model="speculative",
+            messages=[{"role": "user", "content": "Tell me a long story."}],
+            max_tokens=LONG,
+            temperature=0,
+            timeout=600,
+        )
+        usage, finish = answer.usage, answer.choices[0].finish_reason
+        print(f"{usage.completion_tokens} tokens, finish_reason {finish}")
+        assert (finish, usage.completion_tokens) == ("length", LONG) or finish == "stop"
+        with pytest.raises(openai.BadRequestError, match=f"{CONTEXT:,}|{CONTEXT}"):
+            client.chat.completions.create(
+                model="speculative",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=CONTEXT,
+            )

@@ -24,29 +24,31 @@ def mask_bias(allowed: Tensor) -> Tensor:
     """Additive float32 bias from a boolean mask: 0 where attending is allowed, -inf elsewhere.
 
     `allowed`: [batch, query_length, key_length]. The bias is shaped
-    [batch, 1, 1, query_length, key_length] for `grouped_attention`'s scores
-    [batch, kv_heads, group, query_length, key_length]; built once per step, used by every layer.
+    [1, batch, 1, query_length, key_length] for `grouped_attention`'s scores
+    [kv_heads, batch, group, query_length, key_length]; built once per step, used by every layer.
     """
     bias = torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device)
-    return bias.masked_fill_(~allowed, -math.inf)[:, None, None]
+    return bias.masked_fill_(~allowed, -math.inf)[None, :, None]
 
 
 def grouped_attention(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
     """Softmax attention of `q` over `keys`/`values` with an additive `bias` (`mask_bias`).
 
-    q: [batch, query_length, heads, head_dim]; keys, values: [batch, kv_heads, key_length,
-    head_dim], heads a multiple of kv_heads (query head h reads key/value head
-    h // (heads / kv_heads), as `enable_gqa` and Llama's repeat_kv do). Every query must be
-    allowed at least one key. Returns [batch, query_length, heads, head_dim] in q's dtype.
+    q: [batch, query_length, heads, head_dim]; keys, values: [kv_heads, batch, key_length,
+    head_dim] (head-major, as the KV cache gathers them), heads a multiple of kv_heads (query
+    head h reads key/value head h // (heads / kv_heads), as `enable_gqa` and Llama's repeat_kv
+    do). Every query must be allowed at least one key. Returns [batch, query_length, heads,
+    head_dim] in q's dtype.
     """
     batch, query_length, heads, head_dim = q.shape
-    kv_heads, key_length = keys.shape[1], keys.shape[2]
+    kv_heads, key_length = keys.shape[0], keys.shape[2]
     group = heads // kv_heads
-    # (batch, kv_heads, group * query_length, head_dim): one product per key/value head
-    stacked = (q * (1.0 / math.sqrt(head_dim))).permute(0, 2, 1, 3)
-    stacked = stacked.reshape(batch, kv_heads, group * query_length, head_dim)
+    # (kv_heads, batch, group * query_length, head_dim): one product per key/value head and row
+    stacked = (q * (1.0 / math.sqrt(head_dim))).view(batch, query_length, kv_heads, group, -1)
+    stacked = stacked.permute(2, 0, 3, 1, 4).reshape(kv_heads, batch, -1, head_dim)
     scores = torch.matmul(stacked, keys.transpose(-1, -2))
-    scores = scores.view(batch, kv_heads, group, query_length, key_length) + bias
+    scores = scores.view(kv_heads, batch, group, query_length, key_length) + bias
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
-    out = torch.matmul(probs.view(batch, kv_heads, group * query_length, key_length), values)
-    return out.view(batch, heads, query_length, head_dim).transpose(1, 2)
+    out = torch.matmul(probs.view(kv_heads, batch, group * query_length, key_length), values)
+    out = out.view(kv_heads, batch, group, query_length, head_dim).permute(1, 3, 0, 2, 4)
+    return out.reshape(batch, query_length, heads, head_dim)

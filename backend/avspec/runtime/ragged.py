@@ -25,20 +25,33 @@ from avspec.runtime.attention import mask_bias
 MAX_PADDING = 2.0  # a tile's padded query rows at most this many times its real tokens
 
 
-def tile_groups(lengths: Sequence[int], max_padding: float = MAX_PADDING) -> list[list[int]]:
-    """The batch's rows grouped into attention tiles (row indices, longest first)."""
-    order = sorted(range(len(lengths)), key=lambda b: -lengths[b])
+def tile_groups(
+    lengths: Sequence[int],
+    max_padding: float = MAX_PADDING,
+    key_lengths: Sequence[int] | None = None,
+    max_cells: int | None = None,
+) -> list[list[int]]:
+    """The batch's rows grouped into attention tiles (row indices, longest first).
+
+    With `key_lengths` (each row's keys: cached + new) and `max_cells`, a tile's rows x its
+    longest key length also stays within `max_cells` (the KV cache's read workspace), rows of
+    similar key length together.
+    """
+    keys = key_lengths if key_lengths is not None else [0] * len(lengths)
+    order = sorted(range(len(lengths)), key=lambda b: (-lengths[b], -keys[b]))
     groups: list[list[int]] = []
-    real = 0
+    real = longest = 0  # the current tile's real tokens and longest keys
     for b in order:
         if groups:
-            width = lengths[groups[-1][0]]
-            if (len(groups[-1]) + 1) * width <= max_padding * (real + lengths[b]):
-                groups[-1].append(b)
-                real += lengths[b]
+            group = groups[-1]
+            width, key_width = lengths[group[0]], max(longest, keys[b])
+            fits = max_cells is None or (len(group) + 1) * key_width <= max_cells
+            if fits and (len(group) + 1) * width <= max_padding * (real + lengths[b]):
+                group.append(b)
+                real, longest = real + lengths[b], key_width
                 continue
         groups.append([b])
-        real = lengths[b]
+        real, longest = lengths[b], keys[b]
     return groups
 
 
@@ -104,13 +117,15 @@ class RaggedIndex:
         lengths: Sequence[int],
         device: torch.device,
         max_padding: float = MAX_PADDING,
+        max_cells: int | None = None,
     ) -> None:
         positions = [starts[b] + j for b, n in enumerate(lengths) for j in range(n)]
         self.positions = torch.tensor(positions, dtype=torch.int64, device=device)  # (tokens,)
         counts = torch.tensor(list(lengths), dtype=torch.int64, device=device)
         slot_of = torch.tensor(list(slots), dtype=torch.int64, device=device)
         self.token_slots = slot_of.repeat_interleave(counts)  # (tokens,)
-        groups = tile_groups(lengths, max_padding)
+        key_lengths = [s + n for s, n in zip(starts, lengths, strict=True)]
+        groups = tile_groups(lengths, max_padding, key_lengths, max_cells)
         if len(groups) == 1:
             self.tiles = [AttentionTile(list(slots), list(starts), list(lengths), None, device)]
             return

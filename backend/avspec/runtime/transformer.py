@@ -313,14 +313,17 @@ class Transformer(nn.Module):
         max_length: int,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
+        pool_tokens: int = 0,
     ) -> KVCache:
-        """A KV cache shaped for this model; device and dtype default to the weights'."""
+        """A KV cache shaped for this model (one pool of `pool_tokens` cells shared by the
+        sequences; 0: max_sequences x max_length); device and dtype default to the weights'."""
         self._check_cache_length(max_length)  # before allocating the buffers
         config, weight = self.config, self.embed.weight
         return KVCache(
             config.num_layers, config.num_kv_heads, config.head_dim, max_sequences, max_length,
             weight.device if device is None else device,
             weight.dtype if dtype is None else dtype,
+            pool_tokens,
         )  # fmt: skip
 
     def check_cache(self, cache: KVCache) -> None:
@@ -373,14 +376,16 @@ class Transformer(nn.Module):
             )
         self.check_cache(cache)
         slots, starts = cache.reserve(seq_ids, lengths)
-        index = RaggedIndex(slots, starts, lengths, input_ids.device)
+        index = RaggedIndex(slots, starts, lengths, input_ids.device, max_cells=cache.read_cells)
+        cells = cache.cells(index.token_slots, index.positions)
+        key_cells = [cache.key_cells(tile.slots, tile.key_length) for tile in index.tiles]
         x = self.embed(input_ids)  # (tokens, width)
         angles = self.rotary.angles(index.positions, x.dtype)
         for layer, block in enumerate(self.blocks):
             # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim)
             q, k, v = block.project(x, self.rotary, angles)
-            cache.write(layer, index.token_slots, index.positions, k, v)
-            att = _tiled_attention(cache, layer, index, q)
+            cache.write(layer, cells, k, v)
+            att = _tiled_attention(cache, layer, index.tiles, key_cells, q)
             x = block.mlp(x + block.attn_out(att.flatten(-2)))  # (tokens, width)
         cache.advance(seq_ids, lengths)
         if at is not None:
@@ -388,21 +393,24 @@ class Transformer(nn.Module):
         return x if hidden else self.logits(x)
 
 
-def _tiled_attention(cache: KVCache, layer: int, index: RaggedIndex, q: Tensor) -> Tensor:
+def _tiled_attention(
+    cache: KVCache, layer: int, tiles: list[AttentionTile], key_cells: list[Tensor], q: Tensor
+) -> Tensor:
     """Attention of the packed queries q [tokens, heads, head_dim] over the cache, tile by
-    tile (`avspec.runtime.ragged`) -> [tokens, heads, head_dim]."""
+    tile (`avspec.runtime.ragged`; `key_cells`: each tile's, from `KVCache.key_cells`)
+    -> [tokens, heads, head_dim]."""
 
-    def attend(tile: AttentionTile, queries: Tensor) -> Tensor:
-        keys, values = cache.read(layer, tile.slots, tile.key_length)
-        # keys, values: (rows, kv_heads, key_length, head_dim), in the model's dtype
+    def attend(tile: AttentionTile, cells: Tensor, queries: Tensor) -> Tensor:
+        keys, values = cache.read(layer, cells)
+        # keys, values: (kv_heads, rows, key_length, head_dim), in the model's dtype
         keys, values = keys.to(q.dtype), values.to(q.dtype)
         return tile.unpad(grouped_attention(tile.pad(queries), keys, values, tile.bias))
 
-    if len(index.tiles) == 1:
-        return attend(index.tiles[0], q)
+    if len(tiles) == 1:
+        return attend(tiles[0], key_cells[0], q)
     out = torch.empty_like(q)
-    for tile in index.tiles:
-        out[tile.token_index] = attend(tile, q[tile.token_index])
+    for tile, cells in zip(tiles, key_cells, strict=True):
+        out[tile.token_index] = attend(tile, cells, q[tile.token_index])
     return out
 
 

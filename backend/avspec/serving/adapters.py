@@ -191,7 +191,10 @@ def load_stage_model(params: StageParams, root: Path) -> tuple[StageModel, Stage
         gguf = GGUFModel(resolve_path(model_dir, params.gguf), settings)
         return gguf, gguf.new_cache()
     model = load_served_model(model_dir, params.device, params.dtype, max_length=params.max_length)
-    return model, model.new_cache(params.max_sequences, params.max_length, params.device)
+    cache = model.new_cache(
+        params.max_sequences, params.max_length, params.device, pool_tokens=params.pool_tokens
+    )
+    return model, cache
 
 
 class DraftAdapter(StageAdapter):

@@ -78,22 +78,19 @@ class StageLimits:
 
     max_sequences: int | None = None  # the fewest KV cache slots of the stages
     idle_timeout_s: float | None = None  # the shortest idle sweep of the stages
-    kv_pool_tokens: int | None = None  # the smallest shared KV pool (llama.cpp's engine)
+    kv_pool_tokens: int | None = None  # the smallest shared KV pool of the stages
 
 
 @dataclass(frozen=True)
 class _StageConfig:
     max_sequences: int | None = None
     idle_timeout_s: float | None = None
-    engine: str = "torch"
     max_length: int | None = None
     kv_pool_tokens: int = 0
 
     @property
     def pool(self) -> int | None:
-        """The cells of the stage's shared KV pool (None: a slot per sequence, torch's cache)."""
-        if self.engine != "llamacpp":  # "auto" resolves to llamacpp only through the launcher
-            return None
+        """The cells of the stage's shared KV pool (either engine; None: not stated)."""
         return self.kv_pool_tokens or (self.max_sequences or 0) * (self.max_length or 0) or None
 
 

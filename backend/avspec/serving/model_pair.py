@@ -227,25 +227,26 @@ def _mib(size: int) -> str:
 def shared_pool_overrides(
     repository: Path | str, pair: PreparedPair, overrides: dict[str, dict[str, object]]
 ) -> list[str]:
-    """When both stages run llama.cpp's engine (its `engine` in `overrides`, else the
-    repository's), serve the pair's own context: each stage's `max_length` and the entry's
+    """Serve the pair's own context on either engine: each stage's `max_length` and the entry's
     `max_context` become the models' `max_position_embeddings`, and the KV cells the stage
     reserved before (`kv_pool_tokens`, else max_sequences x max_length) become one pool shared
     by every sequence. Updates `overrides` in place; returns the lines to print."""
     repository = Path(repository)
     stages = {role: stage_parameters(repository, role, overrides) for role in STAGES}
-    if {stage.engine for stage in stages.values()} != {"llamacpp"}:
-        return []
     context = min(pair.draft.max_position_embeddings, pair.target.max_position_embeddings)
     lines = []
     for role, stage in stages.items():
         pool = stage.pool_tokens
         summary = pair.draft if role == "draft" else pair.target
         overrides.setdefault(role, {}).update(max_length=str(context), kv_pool_tokens=str(pool))
+        if stage.engine == "llamacpp":
+            where, size = "llama.cpp", f"{_mib(pool * summary.kv_values_per_token * 2)} of f16"
+        else:
+            where, size = "torch", f"{_mib(pool * summary.kv_bytes_per_token)} of {stage.dtype}"
         lines.append(
-            f"avspec: {role} on llama.cpp: one KV pool of {pool:,} cells shared by up to "
+            f"avspec: {role} on {where}: one KV pool of {pool:,} cells shared by up to "
             f"{stage.max_sequences} sequences of up to {context:,} positions "
-            f"({_mib(pool * summary.kv_values_per_token * 2)} of f16 keys and values)"
+            f"({size} keys and values)"
         )
     overrides.setdefault(ENTRY, {})["max_context"] = str(context)
     return lines

@@ -115,12 +115,12 @@ class StageParams:
     engine: str = "torch"
     gguf: str = GGUF_FILE
     threads: int = 0  # llama.cpp threads (0: every core); torch's come from OMP_NUM_THREADS
-    kv_pool_tokens: int = 0  # llama.cpp: KV cells shared by all sequences (0: sequences x length)
+    kv_pool_tokens: int = 0  # KV cells shared by all sequences (0: sequences x length)
     flash_attention: bool = True  # llama.cpp: ggml's flash attention (off: 4-5x slower attention)
 
     @property
     def pool_tokens(self) -> int:
-        """llamacpp: the KV cells shared by the stage's sequences (`kv_pool_tokens`, else
+        """The KV cells shared by the stage's sequences (`kv_pool_tokens`, else
         max_sequences x max_length: the cells a slot per sequence would reserve)."""
         return self.kv_pool_tokens or self.max_sequences * self.max_length
 

@@ -1,9 +1,10 @@
 """Grouped attention over cached keys against torch's fused kernel, and the step's fast paths.
 
-`grouped_attention` (float32) must equal `scaled_dot_product_attention` with `enable_gqa` to
-1e-5 under any mask; mapping query heads to key/value heads the wrong way round is caught. A
-batch whose sequences all bring the same number of tokens (reshaped, not scattered) must give
-each sequence's logits alone, as ragged batches do (test_transformer).
+`grouped_attention` (float32; keys and values head-major, as the KV cache gathers them) must
+equal `scaled_dot_product_attention` with `enable_gqa` to 1e-5 under any mask; mapping query
+heads to key/value heads the wrong way round is caught. A batch whose sequences all bring the
+same number of tokens (reshaped, not scattered) must give each sequence's logits alone, as
+ragged batches do (test_transformer).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def fused(q, k, v, allowed):
 )
 def test_grouped_attention_equals_the_fused_kernel(batch, queries, heads, kv_heads):
     q, k, v, allowed = inputs(batch, queries, heads, kv_heads, keys=20)
-    got = grouped_attention(q, k, v, mask_bias(allowed))
+    got = grouped_attention(q, k.transpose(0, 1), v.transpose(0, 1), mask_bias(allowed))
     assert got.shape == q.shape
     torch.testing.assert_close(got, fused(q, k, v, allowed), rtol=0, atol=1e-5)
 
@@ -51,7 +52,7 @@ def test_a_wrong_head_grouping_is_caught():
     q, k, v, allowed = inputs(2, 3, 6, 3, keys=12)
     group = 6 // 3
     interleaved = q.unflatten(2, (group, 3)).transpose(2, 3).flatten(2, 3)
-    wrong = grouped_attention(interleaved, k, v, mask_bias(allowed))
+    wrong = grouped_attention(interleaved, k.transpose(0, 1), v.transpose(0, 1), mask_bias(allowed))
     wrong = wrong.unflatten(2, (3, group)).transpose(2, 3).flatten(2, 3)
     assert (wrong - fused(q, k, v, allowed)).abs().max() > 1e-2
 

@@ -39,9 +39,10 @@ def make_model(seed: int = 0, config: TransformerConfig = CONFIG) -> Transformer
 class Tracker:
     """Runs forward_cached and keeps each sequence's tokens to recompute it from scratch."""
 
-    def __init__(self, model: Transformer, max_sequences: int = 4) -> None:
+    def __init__(self, model: Transformer, max_sequences: int = 4, pool_tokens: int = 0) -> None:
         self.model = model
-        self.cache = model.new_cache(max_sequences, model.config.max_length)
+        length = model.config.max_length
+        self.cache = model.new_cache(max_sequences, length, pool_tokens=pool_tokens)
         self.tokens: dict[int, list[int]] = {}
         self.gen = torch.Generator().manual_seed(1)
 
@@ -150,6 +151,30 @@ def test_tile_groups_partition_the_rows_within_the_padding_bound(seed):
     assert len(tile_groups([1, 2, 1, 3])) == 1
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_tile_groups_keep_each_tile_within_the_read_cells(seed):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 4, (12,), generator=gen).tolist()
+    cached = torch.randint(0, 60, (12,), generator=gen).tolist()
+    keys = [n + c for n, c in zip(lengths, cached, strict=True)]
+    groups = tile_groups(lengths, key_lengths=keys, max_cells=100)
+    assert sorted(b for g in groups for b in g) == list(range(len(lengths)))
+    for group in groups:
+        assert len(group) == 1 or len(group) * max(keys[b] for b in group) <= 100
+    assert len(tile_groups([1] * 8, key_lengths=[10] * 8, max_cells=80)) == 1
+
+
+def test_a_long_sequence_beside_short_ones_in_a_small_pool_matches_recompute():
+    """Pool of 64 positions for 4 sequences of up to 64: one long, three short; decoding them
+    together gathers more cells than the read workspace holds in one tile, so the rows split."""
+    tracker = Tracker(make_model(3, LLAMA_LIKE), max_sequences=4, pool_tokens=64)
+    tracker.step({1: 40, 2: 3, 3: 5, 4: 2})
+    for _ in range(3):
+        tracker.step({1: 1, 2: 1, 3: 1, 4: 1})
+    tracker.rollback(1, 20)
+    tracker.step({1: 2, 2: 2, 3: 2, 4: 2})
+
+
 def test_forward_cached_errors_leave_the_cache_unchanged():
     model = make_model()
     cache = model.new_cache(2, 16)
@@ -183,7 +208,8 @@ def test_forward_cached_errors_leave_the_cache_unchanged():
 def test_new_cache_fits_the_model():
     model = make_model()
     cache = model.new_cache(3, 16)
-    assert cache.attention_shape == (2, 4, 8) and cache.k.shape == (2, 3, 4, 16, 8)
+    # layers, kv heads, cells (3 x 16 positions plus a block of 16 per sequence), head_dim
+    assert cache.attention_shape == (2, 4, 8) and cache.k.shape == (2, 4, 96, 8)
     assert cache.k.dtype == torch.float32
     assert model.new_cache(1, 4, dtype=torch.float64).k.dtype == torch.float64
     with pytest.raises(ValueError, match="exceeds the model's max_length 64"):

@@ -211,6 +211,19 @@ def test_stage_limits_are_the_tightest_of_draft_and_target(tmp_path) -> None:
     assert stage_limits(entry) == StageLimits(96, 600.0)
 
 
+@pytest.mark.parametrize("engine", ["torch", "llamacpp"])
+def test_the_smallest_shared_pool_limits_admission_on_either_engine(tmp_path, engine) -> None:
+    repo = tmp_path / "model_repository"
+    entry = repo / "speculative"
+    write_stage(repo, "draft", engine=engine, max_sequences=8, max_length=8192,
+                kv_pool_tokens=4096)  # fmt: skip
+    write_stage(repo, "target", engine=engine, max_sequences=8, max_length=512)
+    assert stage_limits(entry).kv_pool_tokens == 4096  # the target's 8 x 512
+    write_stage(repo, "target", engine=engine, max_sequences=8, max_length=8192,
+                kv_pool_tokens=2048)  # fmt: skip
+    assert stage_limits(entry).kv_pool_tokens == 2048
+
+
 def test_entry_scheduler_takes_the_stage_limits(caplog) -> None:
     params = EntryParams(max_batch_size=4, request_timeout_s=30.0)
     scheduler = entry_scheduler(never_called, {1}, params, StageLimits(6, 600.0))
@@ -233,6 +246,6 @@ def test_the_served_repository_bounds_paused_sequences() -> None:
     params = parse_parameters(
         EntryParams, model_parameters({"parameters": read_config_parameters(entry_config)})
     )
-    assert limits == StageLimits(128, 600.0)
+    assert limits == StageLimits(128, 600.0, 128 * 512)  # one pool: the cells of 128 x 512
     assert params.request_timeout_s <= limits.idle_timeout_s
     assert limits.max_sequences >= 2 * params.max_batch_size

@@ -22,7 +22,11 @@ from avspec.runtime.model_dir import ModelDirError  # noqa: E402
 from avspec.runtime.pair import PairError  # noqa: E402
 from avspec.runtime.precision import auto_dtype  # noqa: E402
 from avspec.serving import launcher  # noqa: E402
-from avspec.serving.model_pair import pair_identity, prepare_pair  # noqa: E402
+from avspec.serving.model_pair import (  # noqa: E402
+    pair_identity,
+    prepare_pair,
+    shared_pool_overrides,
+)
 from avspec.serving.repository import StageParams, read_config_parameters  # noqa: E402
 
 REPOSITORY = ROOT / "model_repository"
@@ -74,6 +78,27 @@ def test_prepare_pair_describes_caps_and_overrides(pair: tuple[Path, Path]) -> N
     assert prepared.overrides["verifier"] == {"pair_id": pair_identity(draft, target)}
     caps = [line for line in prepared.lines if "capped" in line]
     assert len(caps) == 3 and all(f"capped at {MAX_POSITIONS}" in c for c in caps)
+
+
+@pytest.mark.parametrize("engine", ["torch", "llamacpp"])
+def test_either_engine_serves_the_pairs_own_context_over_one_pool(
+    pair: tuple[Path, Path], engine: str
+) -> None:
+    prepared = prepare_pair(REPOSITORY, *pair)
+    overrides = {stage: dict(values) for stage, values in prepared.overrides.items()}
+    for stage in ("draft", "target"):
+        overrides[stage]["engine"] = engine
+    lines = shared_pool_overrides(REPOSITORY, prepared, overrides)
+    where = "torch" if engine == "torch" else "llama.cpp"
+    for role in ("draft", "target"):
+        slots = int(read_config_parameters((REPOSITORY / role / "config.pbtxt").read_text())[
+            "max_sequences"])  # fmt: skip
+        pool = slots * MAX_POSITIONS  # the cells the capped slots reserved
+        assert overrides[role]["max_length"] == str(MAX_POSITIONS)
+        assert overrides[role]["kv_pool_tokens"] == str(pool)
+        assert any(line.startswith(f"avspec: {role} on {where}: one KV pool of {pool:,} cells")
+                   for line in lines), lines  # fmt: skip
+    assert overrides["speculative"]["max_context"] == str(MAX_POSITIONS)
 
 
 def test_default_pair_is_not_capped() -> None:
