@@ -37,7 +37,8 @@ from avspec.serving.server_process import ServerProcess, free_port  # noqa: E402
 pytestmark = pytest.mark.serving
 
 MAX_NEW = 24
-PROMPTS = ("The quick brown fox", "def add(a, b):")
+# the third is prefilled in pieces (the entry's prefill_chunk, 128 tokens)
+PROMPTS = ("The quick brown fox", "def add(a, b):", "A long prompt, over many steps. " * 20)
 CONTEXT = 8192
 LONG = 4096  # max_tokens of one request: past the 512 positions a sequence had before
 CHATML = (
@@ -101,6 +102,7 @@ def transformers_greedy_text(model, directory: Path, prompt: str) -> str:
 def test_greedy_http_equals_transformers(hf_server, prompt: str) -> None:
     server, target, _, target_dir = hf_server
     want = transformers_greedy_text(target, target_dir, prompt)
+    assert prompt is not PROMPTS[2] or len(load_tokenizer(target_dir).encode(prompt)) > 2 * 128
     got = http_generate(server.http_url, text_input=prompt, max_tokens=MAX_NEW, temperature=0.0)
     assert got.text == want
     assert got.drafted > 0 and 0 <= got.accepted <= got.verified <= got.drafted

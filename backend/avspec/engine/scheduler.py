@@ -114,9 +114,11 @@ class Scheduler:
     to off (unbounded queue and residency, no limit, every row labelled); the served entry model
     sets them from its parameters (docs/serving.md). The fair share of the batch is always on.
     `kv_pool_tokens`: the stages keep every sequence's keys and values in one shared pool of that
-    many cells (llama.cpp's engine): a request is admitted only while the admitted ones' prompt +
+    many cells: a request is admitted only while the admitted ones' prompt +
     max_tokens + K fit in it together, never ahead of an older one still waiting for cells, and
     one that could never fit is refused (None: each sequence has its own `max_context` slot).
+    `prefill_chunk`: a longer prompt is sent that many tokens a step (`SequenceState.sent`), so
+    the rows decoding beside it are not stalled for the whole prompt (0: all at once).
     `clock` (seconds, monotonic) times the wall-clock limit.
     """
 
@@ -136,6 +138,7 @@ class Scheduler:
         max_resident: int | None = None,
         request_timeout_s: float | None = None,
         kv_pool_tokens: int | None = None,
+        prefill_chunk: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_batch_size < 1:
@@ -156,8 +159,12 @@ class Scheduler:
         if kv_pool_tokens is not None and kv_pool_tokens < 2 + max_draft_tokens:
             raise ValueError(f"kv_pool_tokens must be >= {2 + max_draft_tokens} or None, "
                              f"got {kv_pool_tokens}")  # fmt: skip
+        if prefill_chunk and prefill_chunk < 2 + max_draft_tokens:
+            raise ValueError(f"prefill_chunk must be 0 or >= {2 + max_draft_tokens} (more than "
+                             f"a step's accepted tokens), got {prefill_chunk}")  # fmt: skip
         self.step_fn = step_fn
         self.eos_ids = as_eos_ids(eos_ids)
+        self.prefill_chunk = prefill_chunk
         self.max_batch_size = max_batch_size
         self.max_context = max_context
         self.max_draft_tokens = max_draft_tokens
@@ -216,7 +223,8 @@ class Scheduler:
         """
         self._validate(request)
         with self._lock:
-            seq = SequenceState(self._next_id, request, on_step, on_error, list(request.prompt_ids))
+            seq = SequenceState(self._next_id, request, on_step, on_error, list(request.prompt_ids),
+                                prefill_chunk=self.prefill_chunk)  # fmt: skip
             if self.request_timeout_s is not None:
                 seq.deadline = self.clock() + self.request_timeout_s
             try:
@@ -439,7 +447,12 @@ class Scheduler:
             releases = []  # the call returned: every stage has freed them
             outcomes = read_outputs(outputs, batch, self.max_draft_tokens)
             accepted = self._guard.prev_num_accepted(_refit_rows(batch, outcomes))
-            return outcomes, {}, Carry.after(outputs, accepted, wall_ms), []
+            carry = Carry.after(outputs, accepted, wall_ms)
+            if batch and all(seq.prefilling for seq in batch):
+                # rows that may not draft say nothing about drafting: a plan from them alone
+                # (depth 0) would keep the first decoding steps from drafting
+                carry.draft_plan = prev.draft_plan
+            return outcomes, {}, carry, []
         except Exception as exc:  # noqa: BLE001 - isolate the failing sequence below
             if not batch:
                 logger.warning("release-only step failed (%s); releases kept for the next", exc)
@@ -475,7 +488,9 @@ class Scheduler:
                 self.counters.requests_failed += 1
                 events.errors.append((seq, failures[seq.seq_id]))
                 continue
-            events.reports.append((seq, self._advance(seq, outcomes[seq.seq_id])))
+            report = self._advance(seq, outcomes[seq.seq_id])
+            if not report.prefilling:
+                events.reports.append((seq, report))
         return events
 
     def _advance(self, seq: SequenceState, outcome: Outcome) -> StepReport:

@@ -10,6 +10,11 @@ per sequence:
 - `reusable` is how many of those were drafts (the stages may keep their cache for them);
 - `start_positions` is the committed length before them (`start`).
 
+A prompt longer than `prefill_chunk` (when set) is sent in pieces of that many tokens, one a
+step, without drafts (`sent`): the rows already decoding beside it wait for one piece, not for
+the whole prompt. A piece's outputs are discarded and it emits nothing; the last piece is an
+ordinary first step.
+
 Per request:
 
 - EOS (any of the model's EOS ids, `eos_ids`) ends a request and is not emitted (finish
@@ -67,6 +72,7 @@ class StepReport:
     accepted: int
     finished: bool
     finish_reason: str | None
+    prefilling: bool = False  # a piece of a chunked prompt: nothing to report to the client
 
 
 @dataclass
@@ -92,6 +98,18 @@ class SequenceState:
     reusable: int = 0  # how many of `pending` were drafts
     generated: int = 0  # tokens emitted so far
     deadline: float = math.inf  # scheduler clock time at which the request is ended unfinished
+    prefill_chunk: int = 0  # prompt tokens sent per step while prefilling (0: all at once)
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether this step sends only a piece of the prompt (`prefill_chunk`)."""
+        return 0 < self.prefill_chunk < len(self.pending)
+
+    @property
+    def sent(self) -> list[int]:
+        """The tokens this step sends: `pending`, or its first `prefill_chunk` while
+        prefilling."""
+        return self.pending[: self.prefill_chunk] if self.prefilling else self.pending
 
     @property
     def stepped(self) -> bool:
@@ -100,7 +118,10 @@ class SequenceState:
         return self.start > 0
 
     def drafts_wanted(self) -> int:
-        """Drafts to ask for: `num_draft_tokens`, capped at `max_tokens - generated - 1`."""
+        """Drafts to ask for: `num_draft_tokens`, capped at `max_tokens - generated - 1`; none
+        while prefilling."""
+        if self.prefilling:
+            return 0
         return max(
             0, min(self.request.num_draft_tokens, self.request.max_tokens - self.generated - 1)
         )
@@ -113,6 +134,11 @@ class SequenceState:
         All output tokens become `pending` (sent with the next step if the request goes on);
         only those before EOS and within `max_tokens` are emitted.
         """
+        if self.prefilling:  # the piece is cached by the stages; its sampled token is not used
+            sent = len(self.sent)
+            self.start += sent
+            self.pending = self.pending[sent:]
+            return StepReport([], 0, 0, 0, False, None, prefilling=True)
         drafted = self.drafts_wanted() if outcome.drafted is None else outcome.drafted
         eos = as_eos_ids(eos_ids)
         emitted: list[int] = []
@@ -164,10 +190,11 @@ class Carry:
 
 def build_inputs(batch: list[SequenceState], releases: list[int], prev: Carry) -> StepInputs:
     """The contract's CPU tensors for `batch` (see docs/architecture.md)."""
-    width = max((len(s.pending) for s in batch), default=1)
+    sent = [s.sent for s in batch]
+    width = max((len(tokens) for tokens in sent), default=1)
     input_ids = torch.zeros(len(batch), width, dtype=torch.int32)
-    for row, seq in enumerate(batch):
-        input_ids[row, : len(seq.pending)] = torch.tensor(seq.pending, dtype=torch.int32)
+    for row, tokens in enumerate(sent):
+        input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.int32)
 
     def column(values: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype)
@@ -175,7 +202,7 @@ def build_inputs(batch: list[SequenceState], releases: list[int], prev: Carry) -
     return StepInputs(
         seq_ids=column([s.seq_id for s in batch], torch.int64),
         input_ids=input_ids,
-        input_lengths=column([len(s.pending) for s in batch], torch.int32),
+        input_lengths=column([len(tokens) for tokens in sent], torch.int32),
         start_positions=column([s.start for s in batch], torch.int32),
         reusable=column([s.reusable for s in batch], torch.int32),
         num_draft_tokens=column([s.drafts_wanted() for s in batch], torch.int32),

@@ -144,7 +144,7 @@ def entry_scheduler(
         refit_max_temperature=params.refit_max_temperature,
         refit_client_share=params.refit_client_share,
         max_resident=resident, request_timeout_s=timeout, kv_pool_tokens=limits.kv_pool_tokens,
-        **kw,
+        prefill_chunk=params.prefill_chunk, **kw,
     )  # fmt: skip
 
 

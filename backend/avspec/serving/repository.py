@@ -183,11 +183,17 @@ class EntryParams:
     refit_max_temperature: float = 2.0  # outcomes of hotter requests do not feed the refit
     refit_client_share: float = 0.25  # one client labels <= max(1, floor(s n)) of n rows a step
     request_timeout_s: float = 600.0  # wall-clock limit per request from submission (0: none)
+    prefill_chunk: int = 128  # prompt tokens a sequence sends per step while prefilling (0: all)
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_context", "max_draft_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.prefill_chunk and self.prefill_chunk < 2 + self.max_draft_tokens:
+            raise ValueError(
+                f"prefill_chunk must be 0 or >= max_draft_tokens + 2 = "
+                f"{2 + self.max_draft_tokens}, got {self.prefill_chunk}"
+            )
         for name in ("max_queued", "max_queued_per_client"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 or none, got {getattr(self, name)}")

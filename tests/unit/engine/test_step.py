@@ -106,6 +106,71 @@ def test_greedy_equals_target_only(pair, references, adaptive, num_draft, drafte
     assert step.draft.cache.num_live == 0 and step.target.cache.num_live == 0
 
 
+def test_chunked_prefill_keeps_greedy_output_and_bounds_each_step(pair) -> None:
+    """Prompts of 40 and 23 tokens sent 6 a step (prefill_chunk) beside a short one that is
+    decoding meanwhile: greedy output still equals target-only decoding, no step sends a row
+    more than 6 prompt tokens, the short request emits while the long ones prefill, and a
+    prefill piece asks for no drafts and reports nothing to its client."""
+    target, draft = pair
+    gen = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(0, 250, (n,), generator=gen).tolist() for n in (40, 23)]
+    prompts.append(PROMPTS[0])
+    references = [greedy_reference(target, p, 12) for p in prompts]
+    step = build(target, draft)
+    seen: list[tuple[list[int], list[int]]] = []  # per step: input lengths, drafts asked
+
+    def recording(inputs):
+        seen.append((inputs.input_lengths.tolist(), inputs.num_draft_tokens.tolist()))
+        return step(inputs)
+
+    chunk = K + 2
+    scheduler = Scheduler(recording, EOS, 8, 96, K, prefill_chunk=chunk)
+    reports: list[list] = [[] for _ in prompts]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    for i, prompt in enumerate(prompts):
+        request = GenerationRequest(prompt, 12, temperature=0.0, num_draft_tokens=K)
+
+        def on_step(report, i=i) -> None:
+            reports[i].append(report)
+            tokens[i].extend(report.new_tokens)
+
+        scheduler.submit(request, on_step, lambda err: pytest.fail(str(err)))
+    scheduler.run_until_idle()
+    assert tokens == references
+    first_steps = [lengths for lengths, _ in seen[: -(-40 // chunk)]]
+    assert all(max(lengths) <= chunk for lengths in first_steps), seen[:8]
+    assert all(drafts[0] == 0 for _, drafts in seen[: 40 // chunk]), "a piece asked for drafts"
+    assert len(reports[2]) > 1 and len(reports[0]) <= len(seen) - 40 // chunk
+    assert all(r.new_tokens for rs in reports for r in rs[:-1])  # no empty report delivered
+    assert step.draft.cache.num_live == 0 and step.target.cache.num_live == 0
+
+
+def test_a_chunked_prompt_drafts_from_its_first_decoding_step(pair) -> None:
+    """Steps of prefill pieces alone ask for no drafts; the adaptive-drafting plan they would
+    hand on says depth 0, and the request's first decoding step would draft nothing. The plan
+    before them is carried instead (no plan: draft to the cap)."""
+    target, _ = pair
+    step = build(target, target)  # a draft that is always right: drafting pays
+    drafted: list[tuple[int, int]] = []  # per step: drafts asked, drafted
+
+    def recording(inputs):
+        outputs = step(inputs)
+        drafted.append((int(inputs.num_draft_tokens.sum()), int(outputs.num_drafted.sum())))
+        return outputs
+
+    scheduler = Scheduler(recording, EOS, 8, 96, K, prefill_chunk=K + 2)
+    request = GenerationRequest(list(range(1, 41)), 8, temperature=0.0, num_draft_tokens=K)
+    assert request.adaptive and request.adaptive_drafting
+    generate(scheduler, [request])
+    first = next(i for i, (asked, _) in enumerate(drafted) if asked)
+    assert first == 40 // (K + 2) and drafted[first][1] > 0, drafted
+
+
+def test_a_prefill_chunk_smaller_than_a_step_is_refused(pair) -> None:
+    with pytest.raises(ValueError, match="prefill_chunk must be 0 or >= 6"):
+        Scheduler(build(*pair), EOS, 8, 96, K, prefill_chunk=K + 1)
+
+
 def test_sampled_output_does_not_depend_on_the_batch(pair) -> None:
     target, draft = pair
     sampled = {"temperature": 1.0, "top_p": 0.9, "num_draft_tokens": K, "adaptive": False}

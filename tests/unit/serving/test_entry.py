@@ -248,4 +248,11 @@ def test_the_served_repository_bounds_paused_sequences() -> None:
     )
     assert limits == StageLimits(128, 600.0, 128 * 512)  # one pool: the cells of 128 x 512
     assert params.request_timeout_s <= limits.idle_timeout_s
+    assert params.prefill_chunk == 128  # long prompts in pieces (bench/prefill_chunk)
     assert limits.max_sequences >= 2 * params.max_batch_size
+
+
+def test_a_prefill_chunk_below_a_steps_tokens_is_refused() -> None:
+    with pytest.raises(ValueError, match="prefill_chunk must be 0 or >= max_draft_tokens"):
+        EntryParams(max_draft_tokens=8, prefill_chunk=9)
+    assert EntryParams(prefill_chunk=0).prefill_chunk == 0
