@@ -62,7 +62,7 @@ DRAFT_DTYPE ?=
 # The stages' runtime: auto (torch where the CPU has native bf16, else llama.cpp), torch, llamacpp.
 ENGINE ?=
 serve: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors models/draft/model.gguf) $(if $(QUANT),models/target/model.$(QUANT).gguf) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
-	$(PY) -m avspec.serving.launcher --model-repository model_repository \
+	$(PY) -m avspec.serving.host.launcher --model-repository model_repository \
 		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
 		$(if $(ADMIN_KEY_FILE),--admin-key-file $(ADMIN_KEY_FILE)) \
@@ -135,11 +135,11 @@ soak: $(STAMP) ## 64 clients for 10 minutes, memory and shared memory watched (b
 	$(PY) client/soak.py --start-server --duration-s 600 --concurrency 64 --out bench/soak
 
 # This host's cost tables: the server measures them at its first start (the launcher, 40 s on
-# torch, 2 min on llama.cpp's engine: avspec.serving.host_costs) and caches them by CPU, engine, precision, threads and model
+# torch, 2 min on llama.cpp's engine: avspec.serving.host.host_costs) and caches them by CPU, engine, precision, threads and model
 # files under ~/.cache/avspec/costs; `make costs` measures them again (after a BIOS change, or a
 # busy machine at first start), for the same pair, precision and engine as `make serve` (ENGINE=).
 costs: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors models/draft/model.gguf) ## measure this host's cost tables again (40 s on torch, 2 min on llama.cpp; the server does it at first start)
-	$(PY) -m avspec.serving.launcher --model-repository model_repository \
+	$(PY) -m avspec.serving.host.launcher --model-repository model_repository \
 		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) --remeasure-costs --costs-only \
 		$(if $(TARGET_DTYPE),--target-dtype $(TARGET_DTYPE)) \
 		$(if $(DRAFT_DTYPE),--draft-dtype $(DRAFT_DTYPE)) \

@@ -199,7 +199,7 @@ def bench_real(args: argparse.Namespace) -> dict:
     latency at concurrency C through the server's front vs Triton's socket."""
     import tempfile
 
-    from avspec.serving.server_process import ServerProcess, free_port
+    from avspec.serving.host.server_process import ServerProcess, free_port
 
     body = {"text_input": "def main(", "max_tokens": 8, "temperature": 0.0}
     rows: dict[str, dict[str, list[float]]] = {"direct": {}, "after": {}}

@@ -3,7 +3,7 @@
 Users compare this server with `llama-server`, so this benchmark does that: llama.cpp's C++
 server (the prebuilt `xllamacpp` wheel, in a venv of its own: `--llama-python`; no project
 dependency) against a server of this project (`--project-url`, or `--start-project ENGINE`,
-which starts `python -m avspec.serving.launcher` with that `--engine` and stops it with SIGINT;
+which starts `python -m avspec.serving.host.launcher` with that `--engine` and stops it with SIGINT;
 `torch,llamacpp` runs one project server after the other, each against the same llama.cpp
 server). llama.cpp serves `--gguf` with `--threads` threads (generation and batch), `--slots`
 parallel slots with continuous batching, a unified KV cache of slots x `--ctx-per-slot` tokens,
@@ -274,7 +274,7 @@ def project_command(args: argparse.Namespace, engine: str, ports: Sequence[int])
     """The launcher's command line for `engine` on (HTTP, gRPC, metrics) `ports`."""
     http, grpc, metrics = ports
     return [
-        sys.executable, "-m", "avspec.serving.launcher",
+        sys.executable, "-m", "avspec.serving.host.launcher",
         "--model-repository", str(args.model_repository.resolve()),
         "--draft-model", str(args.draft_model.resolve()),
         "--target-model", str(args.target_model.resolve()),
@@ -779,7 +779,7 @@ def project_sides(args: argparse.Namespace) -> Iterator[Side]:
     if args.project_url:
         yield Side("avspec", args.project_url, MODEL, {"url": args.project_url})
         return
-    from avspec.serving.server_process import free_port
+    from avspec.serving.host.server_process import free_port
 
     for engine in args.engines:
         ports = [free_port() for _ in range(3)]

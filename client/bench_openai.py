@@ -220,9 +220,9 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> str:
     """Start a server on a copy of --model-repository in `<out dir>/server` (free ports); with
     --chat-template, its target is a copy of the target directory with that template as
     `chat_template.jinja`. Returns the front's HTTP URL."""
-    from avspec.serving.host_costs import resolve_for_repository
+    from avspec.serving.host.host_costs import resolve_for_repository
+    from avspec.serving.host.server_process import ServerProcess, free_port
     from avspec.serving.repository import copy_repository
-    from avspec.serving.server_process import ServerProcess, free_port
 
     work = args.out.parent / "server"
     if work.exists():

@@ -34,8 +34,8 @@ from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
 from avspec.runtime.model_dir import load_tokenizer
 from avspec.runtime.tokenizer import Tokenizer
-from avspec.serving.metrics import metric_value, parse_metrics
-from avspec.serving.server_process import ServerProcess
+from avspec.serving.host.server_process import ServerProcess
+from avspec.serving.stages.metrics import metric_value, parse_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LENGTH = 512  # KV positions per sequence

@@ -35,8 +35,8 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tqdm import tqdm
 
-from avspec.serving.metrics import Samples, parse_metrics
 from avspec.serving.repository import SERVING_DTYPES
+from avspec.serving.stages.metrics import Samples, parse_metrics
 from avspec.tools.frontier import (
     X_KEY,
     Y_KEY,
@@ -366,9 +366,9 @@ def scrape_estimator(metrics_url: str) -> dict[str, float]:
 
 def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     """Start a server on a copy of --model-repository (snapshot in --out); return its URLs."""
-    from avspec.serving.host_costs import resolve_for_repository
+    from avspec.serving.host.host_costs import resolve_for_repository
+    from avspec.serving.host.server_process import ServerProcess, free_port
     from avspec.serving.repository import copy_repository
-    from avspec.serving.server_process import ServerProcess, free_port
 
     work = args.out / "server"
     snapshot = work / "estimator_snapshot.json"

@@ -2,7 +2,7 @@
 
 The command-line face of `avspec.tools.profile_costs` (see there for what is timed, and
 `--help` for the options). The launcher runs the same module at first start to measure the
-cost tables of the host that serves (`avspec.serving.host_costs`).
+cost tables of the host that serves (`avspec.serving.host.host_costs`).
 
 Examples:
     python client/profile_costs.py --threads 1 --context 128 --output costs.json \\

@@ -64,7 +64,7 @@ from avspec.av.cost_file import load_step_cost, save_step_cost
 from avspec.av.cost_table import CostTable
 from avspec.av.step_cost import StepCost
 from avspec.runtime.model_dir import load_tokenizer
-from avspec.serving.metrics import metric_value, parse_metrics
+from avspec.serving.stages.metrics import metric_value, parse_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPUTE = "nv_inference_compute_infer_duration_us"

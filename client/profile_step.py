@@ -47,7 +47,7 @@ from avspec.runtime.hf_files import GGUF_FILE
 from avspec.runtime.llamacpp.model import EngineSettings, GGUFModel
 from avspec.runtime.model_dir import load_tokenizer
 from avspec.runtime.precision import load_served_model
-from avspec.serving.adapters import load_cost_tables
+from avspec.serving.stages.adapters import load_cost_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 K = 8

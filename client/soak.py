@@ -39,7 +39,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from avspec.serving.server_process import ServerProcess, free_port
+from avspec.serving.host.server_process import ServerProcess, free_port
 from avspec.tools.soak.drain import wait_drained
 from avspec.tools.soak.load import Endpoints, Tally, join_loops, start_loops
 from avspec.tools.soak.memory import (
@@ -116,7 +116,7 @@ def _progress(
 def start_server(stack: ExitStack, args: argparse.Namespace) -> ServerProcess:
     """Start a server on a copy of --model-repository (log and snapshot in --out/server)."""
     # imported here: it pulls in torch, which only --start-server needs (--help stays quick)
-    from avspec.serving.host_costs import resolve_for_repository
+    from avspec.serving.host.host_costs import resolve_for_repository
     from avspec.serving.repository import copy_repository
 
     work = args.out / "server"

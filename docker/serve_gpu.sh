@@ -3,7 +3,7 @@
 # target through TensorRT-LLM's stock converter and trtllm-build, avspec.trtllm.hf_engine;
 # docs/gpu.md "Your own pair on the GPU"), fill the GPU
 # templates, then serve both repositories with the gpu configs through the launcher
-# (avspec.serving.launcher): tritonserver on Unix sockets behind the front, the server dropped to
+# (avspec.serving.host.launcher): tritonserver on Unix sockets behind the front, the server dropped to
 # its own user, the stage supervisor and restarts, as in the CPU deployment (docs/serving.md,
 # "What a client can reach"). AVSPEC_SERVER_USER picks that user (default uid 10001; the NGC
 # image's own non-root user is triton-server, uid 1000).
@@ -61,7 +61,7 @@ USER_ARG=()
 if [[ -n "${AVSPEC_SERVER_USER:-}" ]]; then
     USER_ARG=(--user "${AVSPEC_SERVER_USER}")
 fi
-exec python3 -m avspec.serving.launcher \
+exec python3 -m avspec.serving.host.launcher \
     --tritonserver "${TRITONSERVER}" --backend-directory "${BACKENDS}" \
     --model-repository "${ROOT}/model_repository" \
     --model-repository "${FILLED}" \

@@ -38,3 +38,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("serving", "trtllm"),
     ("tools",),
 )
+
+# Inside serving, one part per program a module runs in, and the parts each must not import
+# (tests/unit/serving/test_layers.py). The modules at serving's top (repository, exposure) are
+# shared by all three and import none of them.
+SERVING_PARTS: dict[str, tuple[str, ...]] = {
+    "stages": ("host", "front"),  # inside Triton's Python-backend stubs
+    "front": ("stages", "host"),  # the public HTTP, gRPC and metrics door
+    "host": ("stages",),  # starts, sandboxes and guards tritonserver, and starts the front
+}

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/../.."
 out=bench/host_costs; mkdir -p $out
 run() {  # name [launcher options...]
   name=$1; shift
-  .venv/bin/python -m avspec.serving.launcher --model-repository model_repository \
+  .venv/bin/python -m avspec.serving.host.launcher --model-repository model_repository \
     --draft-model models/draft --target-model models/target \
     --http-port 8100 --grpc-port 8101 --metrics-port 8102 "$@" > /tmp/serve_$name.log 2>&1 &
   pid=$!

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 out=bench/llamacpp_engine; mkdir -p $out
 run() {  # name engine_threads wait_policy
   name=$1; threads=$2; policy=$3
-  env ${policy:+OMP_WAIT_POLICY=$policy} .venv/bin/python -m avspec.serving.launcher \
+  env ${policy:+OMP_WAIT_POLICY=$policy} .venv/bin/python -m avspec.serving.host.launcher \
     --model-repository model_repository --draft-model models/draft --target-model models/target \
     --engine llamacpp --engine-threads $threads --http-port 8100 --grpc-port 8101 --metrics-port 8102 \
     > /tmp/serve_$name.log 2>&1 &

@@ -4,7 +4,7 @@ cd "$(dirname "$0")/../.."
 out=bench/stage_threads; mkdir -p $out
 run() {  # name threads wait_policy
   name=$1; threads=$2; policy=$3
-  env ${policy:+OMP_WAIT_POLICY=$policy} .venv/bin/python -m avspec.serving.launcher --model-repository model_repository \
+  env ${policy:+OMP_WAIT_POLICY=$policy} .venv/bin/python -m avspec.serving.host.launcher --model-repository model_repository \
     --draft-model models/draft --target-model models/target --http-port 8100 --grpc-port 8101 --metrics-port 8102 \
     --cpu-threads $threads > /tmp/serve_$name.log 2>&1 &
   pid=$!

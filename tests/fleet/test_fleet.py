@@ -1,6 +1,6 @@
 """Loopback scale-out: three CPU servers behind nginx, 64 concurrent streams, one server killed.
 
-Each replica is a real deployment (`python -m avspec.serving.launcher`: the front, tritonserver
+Each replica is a real deployment (`python -m avspec.serving.host.launcher`: the front, tritonserver
 and its stage processes, in a process group of their own) over the tiny test pair, on its own
 free ports, its estimator warm-started from one shared prior (a copy of the same snapshot, as
 the chart's init container makes it) and then refitting on its own traffic. nginx (Debian's
@@ -58,9 +58,9 @@ from helpers.server import (
 from avspec.av.prior import Replica, write_prior
 from avspec.av.snapshot import load_snapshot
 from avspec.config import EstimatorConfig
-from avspec.serving.metrics import metric_value, parse_metrics
+from avspec.serving.host.server_process import free_port
 from avspec.serving.repository import copy_repository
-from avspec.serving.server_process import free_port
+from avspec.serving.stages.metrics import metric_value, parse_metrics
 from avspec.tools.soak.tensors import infer_inputs
 
 pytestmark = pytest.mark.serving
@@ -137,7 +137,7 @@ def start_replica(index: int, tmp: Path, prior: Path) -> ReplicaProcess:
         [
             sys.executable,
             "-m",
-            "avspec.serving.launcher",
+            "avspec.serving.host.launcher",
             "--model-repository",
             str(repository),
             "--host",

@@ -18,9 +18,9 @@ from avspec.av.cost_file import save_step_cost
 from avspec.av.cost_table import CostTable
 from avspec.av.step_cost import StepCost
 from avspec.runtime.transformer import Transformer
-from avspec.serving.metrics import metric_value, parse_metrics
+from avspec.serving.host.server_process import ServerProcess, free_port
 from avspec.serving.repository import copy_repository
-from avspec.serving.server_process import ServerProcess, free_port
+from avspec.serving.stages.metrics import metric_value, parse_metrics
 from helpers import ROOT
 from helpers.hf_dirs import byte_piece_text, byte_tokenizer, llama_form_config, save_transformer_dir
 

@@ -15,9 +15,9 @@ import time
 from helpers.clients import GrpcStream, post_json
 from helpers.server import all_freed, scrape, wait_for
 
-from avspec.serving.metrics import metric_value
+from avspec.serving.host.server_process import ServerProcess
 from avspec.serving.repository import EntryParams
-from avspec.serving.server_process import ServerProcess
+from avspec.serving.stages.metrics import metric_value
 
 BATCH = 32  # the session server's speculative max_batch_size (conftest.py)
 

@@ -9,7 +9,7 @@ from helpers import ROOT
 from helpers.clients import http_generate
 from helpers.server import scrape
 
-from avspec.serving.server_process import ServerProcess
+from avspec.serving.host.server_process import ServerProcess
 
 DASHBOARD = ROOT / "docker" / "grafana" / "dashboards" / "adaptive_verification.json"
 METRIC = re.compile(r"\b((?:av|nv)_[a-z_]+)\b")

@@ -20,7 +20,7 @@ import openai
 import pytest
 from helpers.server import wait_for_line
 
-from avspec.serving.server_process import free_port
+from avspec.serving.host.server_process import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.serving
@@ -34,7 +34,8 @@ def test_default_pair_fetches_serves_and_answers(tmp_path: Path) -> None:
     http, grpc, metrics = free_port(), free_port(), free_port()
     log = tmp_path / "serve.log"
     serve = [
-        sys.executable, "-m", "avspec.serving.launcher", "--model-repository", "model_repository",
+        sys.executable, "-m", "avspec.serving.host.launcher",
+        "--model-repository", "model_repository",
         "--draft-model", "models/draft", "--target-model", "models/target",
         "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
     ]  # fmt: skip

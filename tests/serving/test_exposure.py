@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from helpers.clients import GrpcStream, http_generate, post_json
 from helpers.server import ADMIN_KEY
 
-from avspec.serving.server_process import ServerProcess
+from avspec.serving.host.server_process import ServerProcess
 
 EVIL_LOAD = {
     "parameters": {

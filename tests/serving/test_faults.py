@@ -29,8 +29,8 @@ import pytest
 from helpers.clients import GrpcStream, http_generate
 from helpers.server import all_freed, start_test_server, wait_for
 
-from avspec.serving.server_process import ServerProcess
-from avspec.serving.supervisor import find_stubs
+from avspec.serving.host.server_process import ServerProcess
+from avspec.serving.host.supervisor import find_stubs
 
 RECOVERY_S = 30
 TRITON_ABORT = "boost::interprocess::lock_exception"

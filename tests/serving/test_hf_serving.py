@@ -1,11 +1,11 @@
 """The real server on a user's pair: a tiny Hugging Face Llama target and draft + tokenizer.json.
 
 A module-scoped server of its own, over the repository copy the launcher builds for
-`--draft-model/--target-model` (`avspec.serving.model_pair`: model_dir, vocab_limit, the caps at
-max_position_embeddings, pair_id), the estimator snapshot in tmp. Greedy output over HTTP must
-equal transformers' greedy `generate` of the target, decoded by the same tokenizer; streamed
-chunks must join to the same text. A pair whose tokenizers differ in one token fails the
-launcher before tritonserver starts.
+`--draft-model/--target-model` (`avspec.serving.host.model_pair`: model_dir, vocab_limit, the
+caps at max_position_embeddings, pair_id), the estimator snapshot in tmp. Greedy output over
+HTTP must equal transformers' greedy `generate` of the target, decoded by the same tokenizer;
+streamed chunks must join to the same text. A pair whose tokenizers differ in one token fails
+the launcher before tritonserver starts.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from helpers.hf_dirs import (  # noqa: E402
 )
 
 from avspec.runtime.model_dir import load_tokenizer  # noqa: E402
-from avspec.serving import launcher  # noqa: E402
-from avspec.serving.model_pair import prepare_pair, shared_pool_overrides  # noqa: E402
+from avspec.serving.host import launcher  # noqa: E402
+from avspec.serving.host.model_pair import prepare_pair, shared_pool_overrides  # noqa: E402
+from avspec.serving.host.server_process import ServerProcess, free_port  # noqa: E402
 from avspec.serving.repository import copy_repository  # noqa: E402
-from avspec.serving.server_process import ServerProcess, free_port  # noqa: E402
 
 pytestmark = pytest.mark.serving
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from helpers.server import ADMIN_KEY, live_processes
 
-from avspec.serving.sandbox import DEFAULT_SERVER_USER
-from avspec.serving.server_process import ServerProcess
+from avspec.serving.host.sandbox import DEFAULT_SERVER_USER
+from avspec.serving.host.server_process import ServerProcess
 
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to start as root, and su)")
 EVIL_LOAD = json.dumps(

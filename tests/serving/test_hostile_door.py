@@ -22,7 +22,7 @@ import time
 
 from helpers.hf_dirs import EOS
 
-from avspec.serving.server_process import ServerProcess
+from avspec.serving.host.server_process import ServerProcess
 
 MODEL = "speculative"
 VICTIM = "127.0.0.2"

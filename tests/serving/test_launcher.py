@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from helpers.server import live_processes, wait_for_line
 
-from avspec.serving import launcher
-from avspec.serving.server_process import ServerProcess, free_port
-from avspec.serving.supervisor import find_stubs
+from avspec.serving.host import launcher
+from avspec.serving.host.server_process import ServerProcess, free_port
+from avspec.serving.host.supervisor import find_stubs
 
 
 @pytest.mark.serving
@@ -38,7 +38,7 @@ def test_cli_prints_ready_line_and_stops_on_sigterm(tmp_path: Path) -> None:
     _echo_repository(tmp_path)
     ports = [str(free_port()) for _ in range(3)]
     process = subprocess.Popen(
-        [sys.executable, "-m", "avspec.serving.launcher", "--model-repository", str(tmp_path),
+        [sys.executable, "-m", "avspec.serving.host.launcher", "--model-repository", str(tmp_path),
          "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )  # fmt: skip
@@ -135,8 +135,9 @@ def test_cli_two_quick_sigterms_stop_everything(tmp_path: Path) -> None:
     ports = [str(free_port()) for _ in range(3)]
     with out.open("w") as stdout, err.open("w") as stderr:
         launcher_process = subprocess.Popen(
-            [sys.executable, "-m", "avspec.serving.launcher", "--model-repository", str(repository),
-             "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]],
+            [sys.executable, "-m", "avspec.serving.host.launcher", "--model-repository",
+             str(repository), "--http-port", ports[0], "--grpc-port", ports[1],
+             "--metrics-port", ports[2]],
             stdout=stdout, stderr=stderr, text=True,
         )  # fmt: skip
     pgid = None
@@ -176,8 +177,9 @@ def test_tritonserver_dies_with_a_killed_launcher(tmp_path: Path) -> None:
     ports = [str(free_port()) for _ in range(3)]
     with out.open("w") as stdout:
         launcher_process = subprocess.Popen(
-            [sys.executable, "-m", "avspec.serving.launcher", "--model-repository", str(repository),
-             "--http-port", ports[0], "--grpc-port", ports[1], "--metrics-port", ports[2]],
+            [sys.executable, "-m", "avspec.serving.host.launcher", "--model-repository",
+             str(repository), "--http-port", ports[0], "--grpc-port", ports[1],
+             "--metrics-port", ports[2]],
             stdout=stdout, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
     try:

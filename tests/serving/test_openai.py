@@ -16,7 +16,7 @@ import openai
 import pytest
 from helpers.clients import http_generate
 
-from avspec.serving.server_process import ServerProcess
+from avspec.serving.host.server_process import ServerProcess
 
 MODEL = "speculative"
 PROMPT = "def parse(line):\n    "

@@ -25,7 +25,7 @@ from aiohttp import web
 from helpers.ci import missing_tool
 
 from avspec.serving.front.playground import PAGE
-from avspec.serving.server_process import ServerProcess
+from avspec.serving.host.server_process import ServerProcess
 
 PROMPT = "Write a loop."
 DEADLINE_S = 60.0

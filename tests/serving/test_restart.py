@@ -21,8 +21,8 @@ import pytest
 from helpers.clients import http_generate
 from helpers.server import K, live_processes, wait_for_line, write_test_repository
 
-from avspec.serving.metrics import metric_value, parse_metrics
-from avspec.serving.server_process import free_port
+from avspec.serving.host.server_process import free_port
+from avspec.serving.stages.metrics import metric_value, parse_metrics
 
 RESTART_GOAL_S = 60.0
 
@@ -66,7 +66,7 @@ def test_killed_tritonserver_is_restarted_with_its_estimator(tmp_path: Path) -> 
     shm_before = {p.name for p in Path("/dev/shm").iterdir()}
     with out.open("w") as log:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "avspec.serving.launcher", "--model-repository",
+            [sys.executable, "-m", "avspec.serving.host.launcher", "--model-repository",
              str(repository), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
              "--metrics-port", str(ports[2]), "--exit-timeout-secs", "5"],
             stdout=log, stderr=subprocess.STDOUT, text=True,

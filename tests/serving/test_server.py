@@ -23,8 +23,8 @@ from helpers.server import ADMIN_KEY, K, all_freed, scrape, wait_for
 from tritonclient.utils import InferenceServerException
 
 from avspec.runtime.hf_tokenizer import HFTokenizer
-from avspec.serving.metrics import metric_value
-from avspec.serving.server_process import ServerProcess
+from avspec.serving.host.server_process import ServerProcess
+from avspec.serving.stages.metrics import metric_value
 
 PROMPTS = [f"prompt {i}: def f(x):" for i in range(16)]
 GREEDY_TOKENS = 20

@@ -23,8 +23,8 @@ import tritonclient.grpc as grpcclient
 from helpers.clients import post_json
 from helpers.server import all_freed, wait_for
 
+from avspec.serving.host.server_process import ServerProcess
 from avspec.serving.repository import EntryParams
-from avspec.serving.server_process import ServerProcess
 
 BATCH = 32  # the session server's speculative max_batch_size (conftest.py)
 

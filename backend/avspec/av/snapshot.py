@@ -70,7 +70,7 @@ def save_snapshot(estimator: AcceptanceEstimator, path: Path, pair_id: str = "")
     """Write the estimator's coefficients, counters and open accumulators to `path` atomically.
 
     `pair_id` (non-empty) is recorded as `"pair"`: the draft/target pair the estimator was
-    fitted on (`avspec.serving.model_pair.pair_identity`), read back by `snapshot_pair`.
+    fitted on (`avspec.serving.host.model_pair.pair_identity`), read back by `snapshot_pair`.
 
     Raises SnapshotError, before touching the file system, if a value is non-finite or out of
     bounds (see the module docstring): the previous file then stays as it was.

@@ -2,8 +2,8 @@
 
 Exposure model: tritonserver has no TCP port a client or another local user can reach. Its HTTP
 and gRPC endpoints are Unix sockets in a directory only the server's user may enter
-(avspec.serving.server_process), its metrics a loopback port; it runs as a dedicated non-root
-user (avspec.serving.sandbox) with private shared memory. The public ports belong to the front
+(avspec.serving.host.server_process), its metrics a loopback port; it runs as a dedicated non-root
+user (avspec.serving.host.sandbox) with private shared memory. The public ports belong to the front
 (avspec.serving.front), which routes inference on the public model, health, metadata and
 /metrics, and nothing else. Because only the front reaches Triton, no key guards Triton itself:
 no secret is on any command line, in any file or in any environment another user can read.

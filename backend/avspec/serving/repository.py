@@ -33,7 +33,7 @@ T = TypeVar("T")
 # Parameters holding a path, resolved against the project root.
 PATH_PARAMETERS = ("model_dir", "cost_tables", "snapshot_path")
 # The verifier's cost_tables that the launcher replaces by this host's measured file
-# (avspec.serving.host_costs): a word, not a path.
+# (avspec.serving.host.host_costs): a word, not a path.
 HOST_COST_TABLES = "host"
 
 
@@ -347,3 +347,28 @@ def copy_repository(
             rewrite_config_parameters(config.read_text(), model_overrides, source.parent)
         )
     return destination
+
+
+TARGET_MODEL = "target"  # the repository's target model, whose model_dir holds the tokenizer
+
+
+def served_tokenizer_dir(model_directory: str | Path) -> Path | None:
+    """`target_model_dir`, or None for a repository without a target model that names its
+    `model_dir` (a repository of test models): the front then serves no OpenAI completions."""
+    try:
+        return target_model_dir(model_directory)
+    except ValueError:
+        return None
+
+
+def target_model_dir(model_directory: str | Path) -> Path:
+    """The target model's `model_dir` parameter for the entry model in `model_directory`
+    (the sibling `target/config.pbtxt`, relative paths against the project root): the
+    directory whose tokenizer the entry serves with. ValueError naming what is missing."""
+    config = Path(model_directory).parent / TARGET_MODEL / "config.pbtxt"
+    if not config.is_file():
+        raise ValueError(f"{config} not found: the entry model serves the target's tokenizer")
+    model_dir = read_config_parameters(config.read_text()).get("model_dir", "")
+    if not model_dir:
+        raise ValueError(f"{config}: no model_dir parameter, so no tokenizer to serve with")
+    return resolve_path(project_root(model_directory), model_dir)

@@ -9,7 +9,7 @@ under "measured". In-process there are no Triton hops: overhead_ms is --overhead
 measure the served path's with client/profile_serving_costs.py.
 
 Run as `python client/profile_costs.py` or `python -m avspec.tools.profile_costs` (the same
-options); the launcher runs it at first start (avspec.serving.host_costs).
+options); the launcher runs it at first start (avspec.serving.host.host_costs).
 """
 
 from __future__ import annotations

@@ -12,14 +12,14 @@ the interval between two scrapes, per step:
   against drafting every request to its cap.
 
 The entry model's own share (scheduler, BLS call) is outside the ensemble and not counted.
-Triton-free: it reads samples as `avspec.serving.metrics.parse_metrics` returns them.
+Triton-free: it reads samples as `avspec.serving.stages.metrics.parse_metrics` returns them.
 """
 
 from __future__ import annotations
 
 import math
 
-from avspec.serving.metrics import Samples
+from avspec.serving.stages.metrics import Samples
 
 _STAGES = ("draft", "verifier", "target")
 _COUNTERS = {

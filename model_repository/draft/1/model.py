@@ -1,8 +1,9 @@
-"""Triton adapter of the draft stage: StepInputs in, drafts out (avspec.serving.triton_model)."""
+"""Triton adapter of the draft stage: StepInputs in, drafts out
+(avspec.serving.stages.triton_model)."""
 
 import triton_python_backend_utils as pb_utils
 
-from avspec.serving.triton_model import StageModel
+from avspec.serving.stages.triton_model import StageModel
 
 
 class TritonPythonModel(StageModel):

@@ -2,7 +2,7 @@
 
 import triton_python_backend_utils as pb_utils
 
-from avspec.serving.triton_model import StageModel
+from avspec.serving.stages.triton_model import StageModel
 
 
 class TritonPythonModel(StageModel):

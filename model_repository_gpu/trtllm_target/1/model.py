@@ -2,7 +2,7 @@
 
 One BLS request to the tensorrt_llm model per sequence, all in flight at once (asyncio.gather),
 so the engine's batch manager sees the whole step together. Building the requests and reading
-the answers is Triton-free (avspec.serving.gpu_adapters.TrtllmTargetAdapter).
+the answers is Triton-free (avspec.serving.stages.gpu_adapters.TrtllmTargetAdapter).
 """
 
 import asyncio
@@ -12,8 +12,8 @@ import triton_python_backend_utils as pb_utils
 from torch.utils.dlpack import to_dlpack
 
 from avspec.config import from_parameters
-from avspec.serving.gpu_adapters import TrtllmTargetAdapter, TrtllmTargetParams
-from avspec.serving.triton_model import (
+from avspec.serving.stages.gpu_adapters import TrtllmTargetAdapter, TrtllmTargetParams
+from avspec.serving.stages.triton_model import (
     adapter_parameters,
     host_output_tensors,
     input_names,

@@ -207,7 +207,7 @@ def test_cpu_info_reads_every_cpu():
 def test_project_command():
     args = bench.parse_args(["--start-project", "llamacpp", "--project-arg=--cpu-threads=4"])
     command = bench.project_command(args, "llamacpp", [1, 2, 3])
-    assert command[:3] == [sys.executable, "-m", "avspec.serving.launcher"]
+    assert command[:3] == [sys.executable, "-m", "avspec.serving.host.launcher"]
     text = " ".join(command)
     assert "--engine llamacpp" in text and "--http-port 1 --grpc-port 2 --metrics-port 3" in text
     assert command[-1] == "--cpu-threads=4"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers.client_scripts import load_client_script
 
-from avspec.serving.server_process import free_port
+from avspec.serving.host.server_process import free_port
 from avspec.tools.soak import load
 
 soak = load_client_script("soak")

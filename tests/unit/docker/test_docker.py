@@ -26,8 +26,8 @@ from google.protobuf import text_format
 from helpers import ROOT
 from tritonclient.grpc import model_config_pb2 as mc
 
-from avspec.serving.metrics import ALL_METRICS, HISTOGRAM
-from avspec.serving.server_process import free_port
+from avspec.serving.host.server_process import free_port
+from avspec.serving.stages.metrics import ALL_METRICS, HISTOGRAM
 
 DOCKER = ROOT / "docker"
 DASHBOARD = DOCKER / "grafana" / "dashboards" / "adaptive_verification.json"

@@ -20,8 +20,8 @@ from helpers.client_scripts import load_client_script
 from tritonclient.grpc import model_config_pb2 as mc
 
 from avspec.config import from_parameters
-from avspec.serving.gpu_adapters import TrtllmTargetParams
-from avspec.serving.triton_model import BACKEND_PARAMETERS
+from avspec.serving.stages.gpu_adapters import TrtllmTargetParams
+from avspec.serving.stages.triton_model import BACKEND_PARAMETERS
 from avspec.trtllm.request import TRTLLM_INPUTS, TRTLLM_OUTPUTS
 
 REPOSITORY = ROOT / "model_repository"

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from avspec.serving.metrics import parse_metrics
+from avspec.serving.stages.metrics import parse_metrics
 from avspec.tools.step_breakdown import step_breakdown
 
 

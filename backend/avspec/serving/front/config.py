@@ -113,7 +113,7 @@ def upstream_address(address: str) -> tuple[str, int] | str:
     """The socket path of "unix:/path", or ("host", port) of "host:port" / "[v6]:port".
 
     ValueError for anything else. tritonserver listens on Unix sockets in a directory only its
-    user may enter (avspec.serving.server_process); host:port serves the tests' fake servers.
+    user may enter (avspec.serving.host.server_process); host:port serves the tests' fake servers.
     """
     if address.startswith(UNIX_PREFIX):
         path = address[len(UNIX_PREFIX) :]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import urllib.request
 
-from avspec.serving.metrics import parse_metrics
+from avspec.serving.stages.metrics import parse_metrics
 
 LIVE_METRICS = ("av_live_sequences", "av_kv_live_sequences")
 

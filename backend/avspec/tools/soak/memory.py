@@ -1,7 +1,7 @@
 """Memory of a running server: RSS of tritonserver and its Python-backend stubs, /dev/shm.
 
 tritonserver is found from its pid or a launcher's; its stubs (one per Python-backend model,
-children of the server) by avspec.serving.supervisor.find_stubs. RSS is VmRSS of
+children of the server) by avspec.serving.host.supervisor.find_stubs. RSS is VmRSS of
 /proc/<pid>/status. /dev/shm is the total size of the files in it, the stubs' own regions
 counted apart. A stub whose pid changes between samples was restarted.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from avspec.serving.supervisor import find_stubs, proc_stat_fields
+from avspec.serving.host.supervisor import find_stubs, proc_stat_fields
 
 SHM_DIR = Path("/dev/shm")
 SERVER_NAME = "tritonserver"

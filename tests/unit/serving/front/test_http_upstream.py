@@ -11,7 +11,7 @@ import socket
 from helpers.front_fakes import GOOD_BODY, IDENTITY, front_config, request
 
 from avspec.serving.front import Front
-from avspec.serving.server_process import free_port
+from avspec.serving.host.server_process import free_port
 
 
 def test_generate_forwarded_with_identity_and_spoofs_removed(front, fake_http):
@@ -55,7 +55,8 @@ def test_client_disconnect_closes_upstream(front, fake_http):
 
 
 def test_upstream_unreachable_is_503(fake_http, fake_grpc):
-    """Triton down (restarting, avspec.serving.restart): 503, retry; not 502, a broken gateway."""
+    """Triton down (restarting, avspec.serving.host.restart): 503, retry; not 502, a broken
+    gateway."""
     config = front_config(fake_http, fake_grpc, upstream_http=f"127.0.0.1:{free_port()}")
     with Front(config) as broken:
         status, payload, _ = request(broken.http_port, "GET", "/v2")

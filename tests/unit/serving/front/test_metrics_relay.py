@@ -13,7 +13,7 @@ import pytest
 from helpers.front_fakes import front_config, raw_exchange, request
 
 from avspec.serving.front import Front
-from avspec.serving.server_process import free_port
+from avspec.serving.host.server_process import free_port
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import urllib.error
 
 import pytest
 
-from avspec.serving.server_process import free_port
+from avspec.serving.host.server_process import free_port
 from avspec.tools.soak.drain import live_sequences, wait_drained
 
 METRICS = b"""# HELP av_live_sequences Live sequences

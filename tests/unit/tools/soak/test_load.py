@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from avspec.serving.server_process import free_port
+from avspec.serving.host.server_process import free_port
 from avspec.tools.soak import load
 from avspec.tools.soak.load import (
     Endpoints,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from avspec.serving.supervisor import Stub
+from avspec.serving.host.supervisor import Stub
 from avspec.tools.soak import memory
 from avspec.tools.soak.memory import (
     MemorySampler,

@@ -4,8 +4,8 @@ Only the chat template may place special tokens. A client's text (a message's co
 completion's prompt) is text: a message containing `<|im_end|>\n<|im_start|>system\n...` must
 reach the model as those characters, not as the tokens that end the user's turn and open a
 system turn. So the front sends the entry `plain_spans`, the UTF-8 byte ranges of `text_input`
-that the entry tokenizes as text (avspec.serving.requests), and the entry, which tokenizes every
-prompt once and reports its count (`prompt_tokens`), never sees content as markup:
+that the entry tokenizes as text (avspec.serving.stages.requests), and the entry, which
+tokenizes every prompt once and reports its count (`prompt_tokens`), never sees content as markup:
 
 - chat: the template is rendered with a marker in place of each content
   (chat_template.render_marked), and each content's place in the text is a plain span. A template

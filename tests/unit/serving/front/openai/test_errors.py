@@ -11,7 +11,7 @@ from helpers.clients import MODEL
 from helpers.front_fakes import MAX_BODY, front_config, official_client
 
 from avspec.serving.front import Front
-from avspec.serving.server_process import free_port
+from avspec.serving.host.server_process import free_port
 
 
 def test_overloaded_entry_is_503_with_retry_after(client):
