@@ -24,8 +24,10 @@ depends on the other requests in the batch nor on their num_verify (what it cost
 docs/benchmarks.md).
 
 Work: besides the one row drawn from, the test reads p and q at the drafted tokens only, and p
-only at positions 0..num_verify. `packed_rejection_sample` takes p at exactly those positions
-(the target stage warps no others), `rejection_sample` all K + 1 of them; one core serves both.
+only at positions 0..num_verify. `rejection_sample` is the one entry point; p comes in one of
+three forms (all K + 1 positions of each row; packed, exactly the positions read, as the target
+stage warps no others; or a function asked depth by depth, only where the test gets to), and the
+noise from the requests' generators or given (tests vectorise many trials with it).
 """
 
 from __future__ import annotations
@@ -37,85 +39,68 @@ import torch
 from avspec.checks import check_finite, check_same_device, check_shape
 from avspec.engine.sampling import check_generators, inverse_cdf, uniform_noise
 
+ProbsAt = Callable[[torch.Tensor], torch.Tensor]  # packed positions [n] int64 -> p [n, vocab]
+
 
 def rejection_sample(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
+    target_probs: torch.Tensor | ProbsAt,
     num_verify: torch.Tensor,
-    generators: Sequence[torch.Generator],
+    generators: Sequence[torch.Generator] | None = None,
     *,
+    first_position: torch.Tensor | None = None,
+    noise: tuple[torch.Tensor, torch.Tensor] | None = None,
+    stream_positions: int | None = None,
     check_values: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify drafts -> output_ids [batch, K + 1] int32 (padding -1), num_accepted [batch] int32.
 
-    draft_tokens [batch, K] int, draft_probs [batch, K, vocab] (q, warped), target_probs
-    [batch, K + 1, vocab] (p, warped; row K is the bonus position), num_verify [batch] int in 0..K,
-    generators: one per request. An empty batch returns empty outputs. `check_values` validates
-    value ranges (a host sync on CUDA).
+    draft_tokens [batch, K] int, draft_probs [batch, K, vocab] (q, warped), num_verify [batch]
+    int in 0..K. p (warped), in one of three forms, the same outputs for the same p:
+
+    - `target_probs` [batch, K + 1, vocab]: every position of each row (row K: the bonus);
+    - with `first_position` [batch] int, `target_probs` [positions, vocab] packed: row r's
+      position j at first_position[r] + j, for j in 0..num_verify[r] (what lies past them is
+      never read);
+    - with `first_position`, `target_probs` a function of packed positions [n] int64 -> p
+      [n, vocab], asked depth by depth for the rows whose drafts so far were all accepted: a
+      row's p is computed at num_accepted + 1 positions instead of num_verify + 1 (about
+      1 / (1 - a) at acceptance a). One host sync a depth: the CPU's path; on CUDA one pass
+      over the packed positions costs less than the syncs.
+
+    Randomness: `generators` (one per request: K + 1 uniforms each, or `stream_positions` + 1
+    with the accept tests cut to K, so a caller verifying a prefix of a longer draft window
+    keeps every request's stream as the window's), or `noise` = (uniforms [batch, K] for the
+    accept tests, draw [batch] for the token), in [0, 1). `check_values` validates value ranges
+    and what is read (a host sync on CUDA). An empty batch returns empty outputs.
     """
     _check_drafts(draft_tokens)
     batch, num_pos = draft_tokens.shape
-    check_shape("target_probs", target_probs, (batch, num_pos + 1, None))
-    _check_probs(draft_tokens, draft_probs, target_probs, num_verify, check_values)
-    uniforms, draw = _noise(generators, batch, num_pos, target_probs.device)
-    return rejection_sample_from_noise(
-        draft_tokens, draft_probs, target_probs, num_verify, uniforms, draw,
-        check_values=check_values,
-    )  # fmt: skip
-
-
-def rejection_sample_from_noise(
-    draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
-    num_verify: torch.Tensor,
-    uniforms: torch.Tensor,
-    draw: torch.Tensor,
-    *,
-    check_values: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The vectorised core of `rejection_sample`, given its noise (no input checks but, with
-    `check_values`, those of the values it reads).
-
-    uniforms [batch, K] in [0, 1) for the accept tests, draw [batch] in [0, 1) for the recovered
-    or bonus token. Tests call it directly to vectorise many trials with one generator. It is
-    the packed form with every row's K + 1 positions (row r's at r * (K + 1)).
-    """
-    batch, num_pos = draft_tokens.shape
-    first = torch.arange(batch, device=target_probs.device) * (num_pos + 1)
-    return packed_rejection_sample_from_noise(
-        draft_tokens, draft_probs, target_probs.flatten(0, 1), first, num_verify, uniforms, draw,
-        check_values=check_values,
-    )  # fmt: skip
-
-
-def packed_rejection_sample(
-    draft_tokens: torch.Tensor,
-    draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
-    first_position: torch.Tensor,
-    num_verify: torch.Tensor,
-    generators: Sequence[torch.Generator],
-    *,
-    check_values: bool = True,
-    stream_positions: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rejection_sample` given p at the positions it reads only: row r's positions
-    0..num_verify[r] at target_probs [positions, vocab] rows first_position[r] + j.
-
-    stream_positions (>= K, default K): each row draws stream_positions + 1 uniforms, the
-    accept tests use the first K and the token draw the last, so a caller verifying a prefix
-    of a longer draft window keeps every request's random stream as the window's.
-
-    first_position [batch] int. Same outputs, same draws (K + 1 uniforms per row), for p equal
-    at those positions (what p holds past num_verify never matters).
-    """
-    _check_drafts(draft_tokens)
-    batch, num_pos = draft_tokens.shape
+    device = draft_tokens.device
+    if (generators is None) == (noise is None):
+        raise ValueError("give either generators or noise, not both or neither")
+    if first_position is None:
+        if callable(target_probs):
+            raise ValueError("target_probs as a function needs first_position")
+        check_shape("target_probs", target_probs, (batch, num_pos + 1, None))
+        first_position = torch.arange(batch, device=device) * (num_pos + 1)
+        target_probs = target_probs.flatten(0, 1)
+    else:
+        check_shape("first_position", first_position, (batch,))
+        _check_integer("first_position", first_position)
+    if noise is None:
+        uniforms, draw = _window_noise(generators, batch, num_pos, stream_positions, device)
+    else:
+        uniforms, draw = noise
+        check_shape("uniforms", uniforms, (batch, num_pos))
+        check_shape("draw", draw, (batch,))
+    if callable(target_probs):
+        return _by_depth(
+            draft_tokens, draft_probs, target_probs, first_position, num_verify, uniforms, draw,
+            check_values,
+        )  # fmt: skip
     check_shape("target_probs", target_probs, (None, None))
-    check_shape("first_position", first_position, (batch,))
-    _check_integer("first_position", first_position)
     _check_probs(draft_tokens, draft_probs, target_probs, num_verify, check_values)
     check_same_device(target_probs=target_probs, first_position=first_position)
     if check_values and batch > 0:
@@ -124,16 +109,13 @@ def packed_rejection_sample(
             raise ValueError(
                 f"first_position + 0..num_verify must lie in 0..{target_probs.shape[0] - 1}"
             )
-    uniforms, draw = _window_noise(
-        generators, batch, num_pos, stream_positions, target_probs.device
-    )
-    return packed_rejection_sample_from_noise(
+    return _packed(
         draft_tokens, draft_probs, target_probs, first_position, num_verify, uniforms, draw,
-        check_values=check_values,
+        check_values,
     )  # fmt: skip
 
 
-def packed_rejection_sample_from_noise(
+def _packed(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
@@ -141,10 +123,9 @@ def packed_rejection_sample_from_noise(
     num_verify: torch.Tensor,
     uniforms: torch.Tensor,
     draw: torch.Tensor,
-    *,
-    check_values: bool = False,
+    check_values: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The vectorised core of both forms, given the noise (no input checks).
+    """The vectorised test over packed p, in one pass.
 
     Reads p and q at the drafted tokens and the full rows of one position per request (where
     its token is drawn), in their own dtype, converted to float32 after the reads.
@@ -174,36 +155,22 @@ def packed_rejection_sample_from_noise(
     return _emit(tokens, draft_probs, p_at, num_accepted, verify, draw, check_values)
 
 
-def rejection_sample_by_depth(
+def _by_depth(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
-    probs_at: Callable[[torch.Tensor], torch.Tensor],
+    probs_at: ProbsAt,
     first_position: torch.Tensor,
     num_verify: torch.Tensor,
-    generators: Sequence[torch.Generator],
-    *,
-    check_values: bool = True,
-    stream_positions: int | None = None,
+    uniforms: torch.Tensor,
+    draw: torch.Tensor,
+    check_values: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`packed_rejection_sample` asking for p only where the test gets to: depth by depth.
-
-    probs_at(positions [n] int64) -> p [n, vocab] at those packed positions (row r's position j
-    is first_position[r] + j, as in the packed form). Depth j asks for the rows whose drafts
-    0..j-1 were all accepted, so a row's p is computed at num_accepted + 1 positions (its
-    accepted drafts and the position its token is drawn at) instead of num_verify + 1: at an
-    acceptance rate a, about 1 / (1 - a) positions a row whatever it verifies. Same noise,
-    same tests, same outputs as the packed form given the same p (the test at depth j reads
-    only p_j(x_j), and the token is drawn from the one position where the scan stops). One
-    host sync a depth (which rows go on): the CPU's path; on CUDA the packed form's one pass
-    over every position costs less than the syncs.
-    """
-    _check_drafts(draft_tokens)
+    """The same test asking `probs_at` for p depth by depth: depth j for the rows whose drafts
+    0..j-1 were all accepted (the test at depth j reads only p_j(x_j), and the token is drawn
+    from the one position where the scan stops)."""
     batch, num_pos = draft_tokens.shape
-    check_shape("first_position", first_position, (batch,))
-    _check_integer("first_position", first_position)
     tokens, first, verify = draft_tokens.long(), first_position.long(), num_verify.long()
     device = draft_tokens.device
-    uniforms, draw = _window_noise(generators, batch, num_pos, stream_positions, device)
     num_accepted = torch.zeros(batch, dtype=torch.int64, device=device)
     p_at: torch.Tensor | None = None  # [batch, vocab], filled row by row as each scan stops
     live = torch.arange(batch, device=device)  # the rows whose scan reaches this depth

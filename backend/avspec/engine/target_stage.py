@@ -8,13 +8,14 @@ num_verify + 1 positions per row (packed row after row); rejection asks for p wh
 and only there the output layer runs and the logits are warped like the draft's
 (avspec.engine.sampling), p sliced to the stage's `vocab_width` (its `vocab_limit` when set, the
 width of the draft's q). On the CPU that is depth by depth (avspec.engine.rejection's
-`rejection_sample_by_depth`): a row's accepted drafts and the position its token is drawn at,
-so a step's output-layer and sampling work grows with the tokens it accepts, not with those it
-verifies; elsewhere every verified position at once (the packed form). Afterwards the target
-cache is rolled back to `start + input_length + num_accepted`: the accepted drafts stay cached
-(their keys are exact), rejected drafts go, and the correction/bonus token is not cached (the
-next step brings it back as an input). `target_ms` is the stage's host wall time (the cost
-refresh reads it; the roll-back reads num_accepted, so on CUDA it includes the device work).
+`rejection_sample` given a function for p): a row's accepted drafts and the position its token
+is drawn at, so a step's output-layer and sampling work grows with the tokens it accepts, not
+with those it verifies; elsewhere every verified position at once (the packed form). Afterwards
+the target cache is rolled back to `start + input_length + num_accepted`: the accepted drafts
+stay cached (their keys are exact), rejected drafts go, and the correction/bonus token is not
+cached (the next step brings it back as an input). `target_ms` is the stage's host wall time
+(the cost refresh reads it; the roll-back reads num_accepted, so on CUDA it includes the device
+work).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 
 from avspec.checks import check_shape
 from avspec.contract import HostStep, StepInputs, StepOutputs, read_step_inputs
-from avspec.engine.rejection import packed_rejection_sample, rejection_sample_by_depth
+from avspec.engine.rejection import rejection_sample
 from avspec.engine.sampling import warp_probs
 from avspec.engine.stage import TARGET_SALT, ModelStage
 
@@ -135,8 +136,8 @@ class TargetStage(ModelStage):
         """Rejection-sample every row with its own generator: (output_ids [batch, K + 1],
         num_accepted).
 
-        On the CPU depth by depth (`rejection_sample_by_depth`: p at a row's accepted drafts
-        and the position its token is drawn at, not at every verified one); elsewhere from p
+        On the CPU depth by depth (`rejection_sample` given `probs_at`: p at a row's accepted
+        drafts and the position its token is drawn at, not at every verified one); elsewhere from p
         at every verified position in one pass. q stays in its dtype: rejection reads it at the
         drafts and one position per row only. With q for P < K positions the test runs on those
         P (nothing past them is verified) and draws K + 1 uniforms a row all the same, so a
@@ -144,16 +145,20 @@ class TargetStage(ModelStage):
         draft; output_ids is padded back to K + 1.
         """
         k, width = draft_tokens.shape[1], draft_probs.shape[1]
-        args = (draft_tokens[:, :width], draft_probs.to(self.device))
-        rest = (packed.first, num_verify, self.slots.generators(step.seq_ids))
-        options = {"check_values": self.check_values, "stream_positions": k}
         if self.by_depth:
-            output_ids, num_accepted = rejection_sample_by_depth(*args, probs_at, *rest, **options)
+            target_probs = probs_at
         else:
-            every = torch.arange(len(packed.positions), device=self.device)
-            output_ids, num_accepted = packed_rejection_sample(
-                *args, probs_at(every), *rest, **options
-            )
+            target_probs = probs_at(torch.arange(len(packed.positions), device=self.device))
+        output_ids, num_accepted = rejection_sample(
+            draft_tokens[:, :width],
+            draft_probs.to(self.device),
+            target_probs,
+            num_verify,
+            self.slots.generators(step.seq_ids),
+            first_position=packed.first,
+            stream_positions=k,
+            check_values=self.check_values,
+        )
         if width < k:
             output_ids = torch.nn.functional.pad(output_ids, (0, k - width), value=-1)
         return output_ids, num_accepted

@@ -31,7 +31,7 @@ from avspec.av.cost_table import CostTable
 from avspec.av.features import logit_qmax
 from avspec.av.step_cost import StepCost
 from avspec.av.survival import admit, survival
-from avspec.engine.rejection import rejection_sample_from_noise
+from avspec.engine.rejection import rejection_sample
 
 V, K = 4, 2
 PASS, FAIL = 1e-4, 1e-6
@@ -129,13 +129,16 @@ def run_step(
     num_verify = admit(values, candidates, budget)  # [trials, batch]
 
     rows = trials * batch
-    out, accepted = rejection_sample_from_noise(
+    out, accepted = rejection_sample(
         drafts.reshape(rows, K),
         q_rows.reshape(rows, K, V),
         p_rows.reshape(rows, K + 1, V),
         num_verify.reshape(rows),
-        torch.rand(rows, K, generator=gen),
-        torch.rand(rows, generator=gen, dtype=torch.float64),
+        noise=(
+            torch.rand(rows, K, generator=gen),
+            torch.rand(rows, generator=gen, dtype=torch.float64),
+        ),
+        check_values=False,  # 200k trials a call: the ranges hold by construction
     )
     y1 = out[:, 0].long()
     y2 = torch.where(accepted > 0, out[:, 1].long(), _draw(world.target[y1], gen))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from avspec.engine.rejection import rejection_sample, rejection_sample_from_noise
+from avspec.engine.rejection import rejection_sample
 
 
 def _gens(*seeds):
@@ -61,13 +61,15 @@ def test_one_position_matches_target_distribution():
     p = torch.tensor([0.5, 0.3, 0.2])
     q = torch.tensor([0.2, 0.2, 0.6])
     drafts = torch.multinomial(q, trials, replacement=True, generator=gen)[:, None]
-    out, _ = rejection_sample_from_noise(
+    out, _ = rejection_sample(
         drafts,
         q.expand(trials, 1, vocab),
         p.expand(trials, 2, vocab),
         torch.ones(trials, dtype=torch.int64),
-        torch.rand(trials, 1, generator=gen),
-        torch.rand(trials, generator=gen, dtype=torch.float64),
+        noise=(
+            torch.rand(trials, 1, generator=gen),
+            torch.rand(trials, generator=gen, dtype=torch.float64),
+        ),
     )
     freq = torch.bincount(out[:, 0].long(), minlength=vocab).float() / trials
     torch.testing.assert_close(freq, p, atol=0.005, rtol=0)
@@ -78,8 +80,12 @@ def test_residual_all_zero_falls_back_to_p():
     # on the draft with zero residual elsewhere): p = [1, 0], q = [1, 0] draft 1 has q = 0.
     p = torch.tensor([[[1.0, 0.0], [1.0, 0.0]]])
     q = torch.tensor([[[1.0, 0.0]]])
-    out, acc = rejection_sample_from_noise(
-        torch.tensor([[1]]), q, p, torch.tensor([1]), torch.zeros(1, 1), torch.full((1,), 0.5)
+    out, acc = rejection_sample(
+        torch.tensor([[1]]),
+        q,
+        p,
+        torch.tensor([1]),
+        noise=(torch.zeros(1, 1), torch.full((1,), 0.5)),
     )
     assert acc.tolist() == [0] and out.tolist() == [[0, -1]]
 
@@ -161,8 +167,6 @@ def test_rejects_bad_input(change, match):
 def test_packed_form_equals_the_full_form_and_draws_as_much():
     """p given only at positions 0..num_verify (rows packed in reverse order, with gaps) yields
     the full form's outputs over 50 random batches, and each generator advances alike."""
-    from avspec.engine.rejection import packed_rejection_sample
-
     for seed in range(50):
         batch, k, vocab = 1 + seed % 5, 1 + seed % 4, (3, 8, 50)[seed % 3]
         drafts, q, p = _random_case(batch, k, vocab, seed=100 + seed)
@@ -179,8 +183,8 @@ def test_packed_form_equals_the_full_form_and_draws_as_much():
         seeds = [1000 * seed + r for r in range(batch)]
         full_gens, packed_gens = _gens(*seeds), _gens(*seeds)
         want = rejection_sample(drafts, q, p, num_verify, full_gens)
-        got = packed_rejection_sample(
-            drafts, q, packed, torch.tensor(first), num_verify, packed_gens
+        got = rejection_sample(
+            drafts, q, packed, num_verify, packed_gens, first_position=torch.tensor(first)
         )
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), seed
         for a, b in zip(full_gens, packed_gens, strict=True):
@@ -197,22 +201,18 @@ def test_packed_form_equals_the_full_form_and_draws_as_much():
     ],
 )
 def test_packed_rejects_bad_first_position(first, match):
-    from avspec.engine.rejection import packed_rejection_sample
-
     args = _good()
     packed = torch.cat([args["target_probs"][0, :3], args["target_probs"][1, :1]])  # 4 rows
     with pytest.raises(ValueError, match=match):
-        packed_rejection_sample(args["draft_tokens"], args["draft_probs"], packed, first,
-                                torch.tensor([2, 1]), args["generators"])  # fmt: skip
+        rejection_sample(args["draft_tokens"], args["draft_probs"], packed, torch.tensor([2, 1]),
+                         args["generators"], first_position=first)  # fmt: skip
 
 
 def test_by_depth_equals_the_packed_form_and_asks_only_where_the_scan_goes():
-    """`rejection_sample_by_depth` over 60 random batches: the packed form's outputs and
-    generator states, p asked for at exactly num_accepted + 1 positions a row (its accepted
-    drafts and the position its token is drawn at), each at most once; and a variant that
-    asks for every verified position is told apart by that count."""
-    from avspec.engine.rejection import packed_rejection_sample, rejection_sample_by_depth
-
+    """`rejection_sample` given a function for p, over 60 random batches: the packed form's
+    outputs and generator states, p asked for at exactly num_accepted + 1 positions a row (its
+    accepted drafts and the position its token is drawn at), each at most once; and a variant
+    that asks for every verified position is told apart by that count."""
     asked_more = 0
     for seed in range(60):
         batch, k, vocab = 1 + seed % 6, 1 + seed % 5, (3, 8, 50)[seed % 3]
@@ -231,10 +231,10 @@ def test_by_depth_equals_the_packed_form_and_asks_only_where_the_scan_goes():
 
         seeds = [1000 * seed + r for r in range(batch)]
         packed_gens, depth_gens = _gens(*seeds), _gens(*seeds)
-        want = packed_rejection_sample(drafts, q, packed, first, num_verify, packed_gens,
-                                       stream_positions=k + 2)  # fmt: skip
-        got = rejection_sample_by_depth(drafts, q, probs_at, first, num_verify, depth_gens,
-                                        stream_positions=k + 2)  # fmt: skip
+        want = rejection_sample(drafts, q, packed, num_verify, packed_gens, first_position=first,
+                                stream_positions=k + 2)  # fmt: skip
+        got = rejection_sample(drafts, q, probs_at, num_verify, depth_gens, first_position=first,
+                               stream_positions=k + 2)  # fmt: skip
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), seed
         for a, b in zip(packed_gens, depth_gens, strict=True):
             assert torch.equal(a.get_state(), b.get_state())
@@ -244,8 +244,6 @@ def test_by_depth_equals_the_packed_form_and_asks_only_where_the_scan_goes():
 
 
 def test_by_depth_rejects_bad_input():
-    from avspec.engine.rejection import rejection_sample_by_depth
-
     args = _good()
     p = args["target_probs"].flatten(0, 1)
     first = torch.tensor([0, 3])
@@ -254,12 +252,12 @@ def test_by_depth_rejects_bad_input():
         a = {
             "draft_tokens": args["draft_tokens"],
             "draft_probs": args["draft_probs"],
-            "probs_at": lambda positions: p[positions],
+            "target_probs": lambda positions: p[positions],
             "first_position": first,
             "num_verify": torch.tensor([2, 1]),
             "generators": args["generators"],
         } | change
-        return rejection_sample_by_depth(**a)  # fmt: skip
+        return rejection_sample(**a)  # fmt: skip
 
     with pytest.raises(ValueError, match="num_verify must lie"):
         call(num_verify=torch.tensor([2, 9]))
@@ -269,3 +267,16 @@ def test_by_depth_rejects_bad_input():
         call(first_position=torch.tensor([0]))
     with pytest.raises(ValueError, match="integer tensor"):
         call(first_position=torch.tensor([0.0, 3.0]))
+
+
+def test_one_entry_point_refuses_an_ambiguous_call():
+    args = _good()
+    noise = (torch.zeros(2, 2), torch.zeros(2))
+    with pytest.raises(ValueError, match="either generators or noise"):
+        rejection_sample(**args, noise=noise)
+    with pytest.raises(ValueError, match="either generators or noise"):
+        rejection_sample(**(args | {"generators": None}))
+    with pytest.raises(ValueError, match="needs first_position"):
+        rejection_sample(**(args | {"target_probs": lambda positions: positions}))
+    with pytest.raises(ValueError, match="uniforms must have shape"):
+        rejection_sample(**(args | {"generators": None}), noise=(torch.zeros(2, 5), noise[1]))
