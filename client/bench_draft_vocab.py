@@ -5,7 +5,7 @@
 
 Pass time: one `DraftStage` per variant (the whole vocabulary, then each map) on the same served
 draft (`--dtype`, default the server's `auto`), each row given `--context` cached tokens of a
-held-out chat sequence; a pass is timed as in the cost tables (`avspec.tools.profiler`): per
+held-out chat sequence; a pass is timed as in the cost tables (`avspec.tools.bench.profiler`): per
 repeat a 1-draft call and a K-draft call from the same cached context, pass = (t_K - t_1) /
 (K - 1). The variants are timed round-robin (`interleaved_ms`), so load from elsewhere lands on
 all of them alike; ratios are of medians. Components at the same rows: the output layer alone
@@ -43,10 +43,10 @@ from avspec.engine.draft_vocab import DraftVocab, ReducedHead, load_draft_vocab
 from avspec.engine.sampling import draft_warp, sample
 from avspec.runtime.model_dir import load_model, load_tokenizer
 from avspec.runtime.precision import load_served_model, resolve_precision
-from avspec.tools.draft.evaluate import TEMPERATURE, TOP_P, load_chunks
-from avspec.tools.draft.generate import answer_all
-from avspec.tools.profiler import interleaved_ms, step_inputs
-from avspec.tools.training.evaluate import warp
+from avspec.tools.bench.profiler import interleaved_ms, step_inputs
+from avspec.tools.train.draft.evaluate import TEMPERATURE, TOP_P, load_chunks
+from avspec.tools.train.draft.generate import answer_all
+from avspec.tools.train.tiny.evaluate import warp
 
 K = 8
 

@@ -23,7 +23,7 @@ on): the questions repeat across rounds and levels, and this server has no prefi
 
 After an unmeasured warm-up of each side at every level, `--rounds` rounds run every level on
 both sides, llama.cpp first in even rounds and last in odd ones, so load drift hits both alike.
-Figures per level (avspec.tools.stream_metrics): output tokens/s = output tokens / (last
+Figures per level (avspec.tools.bench.stream_metrics): output tokens/s = output tokens / (last
 content chunk - first request sent), per-user tokens/s = 1 / inter-token latency, TTFT;
 medians over rounds. Each request has a connection of its own, on both sides (see `measure`).
 
@@ -68,8 +68,8 @@ import httpx2  # openai's HTTP client
 import openai
 from bench_openai import MODEL, combined, run_phase
 
-from avspec.tools.prefixes import even_pick
-from avspec.tools.stream_metrics import StreamRecord, summarize
+from avspec.tools.bench.stream_metrics import StreamRecord, summarize
+from avspec.tools.train.prefixes import even_pick
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = "llama.cpp"

@@ -9,13 +9,13 @@ prompt i (cycled over `--prompts` evenly spaced prompts of each workload, interl
 `--seed + i` (`--same-seed`: `--seed` for all, as a tool that sends one body, AIPerf, does).
 Concurrency levels run in `--rounds` rounds, alternating, after an unmeasured warm-up.
 
-Reported as AIPerf defines them (avspec.tools.stream_metrics): time to first token, inter-token
-latency (decode time / (output tokens - 1), tokens from the usage), inter-chunk latency (gaps
-between content chunks: speculative decoding sends an accepted block of drafts plus the
-target's token in one chunk, so ICL is about ITL times the tokens per chunk), output tokens/s
-per user (1 / ITL) and in aggregate, request throughput; and the speculative figures the
-responses carry (drafted, verified, accepted tokens, decode steps). Prints a table; writes
-JSON (`--out`) and one line per request next to it (`<name>_records.jsonl`).
+Reported as AIPerf defines them (avspec.tools.bench.stream_metrics): time to first token,
+inter-token latency (decode time / (output tokens - 1), tokens from the usage), inter-chunk latency
+(gaps between content chunks: speculative decoding sends an accepted block of drafts plus the
+target's token in one chunk, so ICL is about ITL times the tokens per chunk), output tokens/s per
+user (1 / ITL) and in aggregate, request throughput; and the speculative figures the responses carry
+(drafted, verified, accepted tokens, decode steps). Prints a table; writes JSON (`--out`) and one
+line per request next to it (`<name>_records.jsonl`).
 
     .venv/bin/python client/bench_openai.py --start-server --chat-template client/chatml.jinja \
         --concurrency 1,4,16 --requests 48 --rounds 3 --max-tokens 32  # bench/openai/chat.json
@@ -38,8 +38,8 @@ from typing import Any
 
 import openai
 
-from avspec.tools.prefixes import even_pick
-from avspec.tools.stream_metrics import StreamRecord, combine_rounds, summarize
+from avspec.tools.bench.stream_metrics import StreamRecord, combine_rounds, summarize
+from avspec.tools.train.prefixes import even_pick
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "speculative"

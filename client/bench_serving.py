@@ -6,7 +6,7 @@ at most N drafts); `default` = none, k1..kKmax, avKmax, adKmax. Each user is a c
 request as soon as its previous one ends) on one streaming gRPC connection; one response per
 decode step gives TTFT and inter-token latency. For each workload and concurrency the arms run
 in `--rounds` rounds, the arm order rotated every round, so drift hits every arm alike.
-Statistics and the frontier are defined in avspec.tools.frontier (and docs/benchmarks.md).
+Statistics and the frontier are defined in avspec.tools.bench.frontier (and docs/benchmarks.md).
 
 Writes to --out: points.json (config, every point, goals), points.csv, frontier_<workload>.png
 (throughput vs interactivity, AV highlighted), summary.txt (arms on the frontier per
@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from avspec.serving.repository import SERVING_DTYPES
 from avspec.serving.stages.metrics import Samples, parse_metrics
-from avspec.tools.frontier import (
+from avspec.tools.bench.frontier import (
     X_KEY,
     Y_KEY,
     RequestRecord,
@@ -46,7 +46,7 @@ from avspec.tools.frontier import (
     mark_frontier,
     summarize_arm,
 )
-from avspec.tools.step_breakdown import step_breakdown
+from avspec.tools.bench.step_breakdown import step_breakdown
 
 MODEL = "speculative"
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,17 +6,16 @@
 `--baseline` names the git revision of the old stage: its target_stage.py, rejection.py and
 sampling.py (`git show REV:backend/avspec/engine/...`) are imported from a temporary package, so the
 two stages run in one process on one model (`--target`, bf16 by default). Each gets the same
-sequences as the cost tables do (`avspec.tools.profiler`: `context` cached tokens of the workloads'
-text (`--text`), one pending token, the text's next tokens as drafts, q uniform or one-hot at
-each draft (`--q`: a draft is accepted with probability min(1, p(x) x vocab) or p(x); the table
-prints how many positions the new stage read; `--temperature`, default the tables' 1.0) at
-every batch x num_verify point, and the points are timed round-robin (`interleaved_ms`: per
-round old, new, then the target's blocks alone on the same packed batch), so load from
-elsewhere lands on all alike.
-Both stages start from the same seeds and are called equally often, so their generators stay in
-step: every call's output_ids and num_accepted are compared, and the run stops if they ever differ.
-Prints a markdown table of medians; it asserts nothing about speed (these machines are noisy:
-compare rows of one run).
+sequences as the cost tables do (`avspec.tools.bench.profiler`: `context` cached tokens of the
+workloads' text (`--text`), one pending token, the text's next tokens as drafts, q uniform or
+one-hot at each draft (`--q`: a draft is accepted with probability min(1, p(x) x vocab) or p(x); the
+table prints how many positions the new stage read; `--temperature`, default the tables' 1.0) at
+every batch x num_verify point, and the points are timed round-robin (`interleaved_ms`: per round
+old, new, then the target's blocks alone on the same packed batch), so load from elsewhere lands on
+all alike. Both stages start from the same seeds and are called equally often, so their generators
+stay in step: every call's output_ids and num_accepted are compared, and the run stops if they ever
+differ. Prints a markdown table of medians; it asserts nothing about speed (these machines are
+noisy: compare rows of one run).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import torch
 from avspec.contract import read_step_inputs
 from avspec.engine.target_stage import TargetStage, pack_verify_batch
 from avspec.runtime.model_dir import load_model
-from avspec.tools.profiler import (
+from avspec.tools.bench.profiler import (
     _cache,
     _draft_probs,
     _first_ids,

@@ -23,7 +23,7 @@ from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
 from avspec.contract import VerifierInputs
-from avspec.tools.profiler import median_ms
+from avspec.tools.bench.profiler import median_ms
 
 
 def bench(batch: int, k: int, vocab: int, device: str, repeats: int, check_values: bool) -> dict:

@@ -42,7 +42,7 @@ from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
 from avspec.engine.target_stage import TargetStage
 from avspec.runtime.model_dir import load_model, load_tokenizer
-from avspec.tools.features_zoo import ZOO_FEATURES, feature_zoo
+from avspec.tools.train.features_zoo import ZOO_FEATURES, feature_zoo
 
 WORKLOADS = ("code", "prose", "high_entropy")
 

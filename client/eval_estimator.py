@@ -10,7 +10,7 @@ Reads the .npz of client/collect_drafts.py (every draft verified) and prints mar
 3. per workload: offline-fitted slope and first intercept, the online estimator's final ones,
    acceptance rate and mean draft entropy;
 4. with --cost-tables (a step cost file, avspec.av.cost_file): the oracle bound
-   (avspec.tools.oracle.oracle_bound) per workload, with the AV replay started cold (reference
+   (avspec.tools.bench.oracle.oracle_bound) per workload, with the AV replay started cold (reference
    starting values) and warm (the workload's offline fit, as a server that has run long enough
    would hold), verification only (AV) and with adaptive drafting (AV+drafting).
 
@@ -36,13 +36,13 @@ from avspec.av.cost_file import load_step_cost
 from avspec.av.estimator import AcceptanceEstimator
 from avspec.av.step_cost import StepCost
 from avspec.config import EstimatorConfig
-from avspec.tools.features_zoo import (
+from avspec.tools.bench.oracle import RecordedSteps, oracle_bound
+from avspec.tools.train.features_zoo import (
     cross_fit_predictions,
     fit_logistic,
     label_matrix,
     rate_by_bins,
 )
-from avspec.tools.oracle import RecordedSteps, oracle_bound
 
 # (row label, npz feature, how): "served" = recorded online predictions, "fit" = cross-fit,
 # "direct" = exp(feature) used as the probability.

@@ -39,7 +39,7 @@ from avspec.config import EstimatorConfig
 from avspec.contract import StepInputs, StepOutputs, VerifierInputs
 from avspec.engine.step import SpeculativeStep
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
-from avspec.tools.profiler import median_ms, synchronize
+from avspec.tools.bench.profiler import median_ms, synchronize
 
 
 def pick_device(requested: str) -> torch.device:

@@ -13,8 +13,8 @@ busy (`max_tokens` large enough). Per step: the draft stage, the verifier and th
 each split into its model's compute (`forward_cached` and the output layer: `logits`,
 `subset_logits`) and the rest (sampling, warping, top-p, rejection, packing, the stage's checks);
 and the step's remaining time (scheduler, contract tensors). The served path adds the Triton
-hops between the stages and the entry, which `avspec.tools.step_breakdown` reads from a running
-server's metrics (docs/benchmarks.md).
+hops between the stages and the entry, which `avspec.tools.bench.step_breakdown` reads from a
+running server's metrics (docs/benchmarks.md).
 
 Arms: `none` (no drafts), `kN` (N drafts a row, adaptive verification off), `adN` (AV with
 adaptive drafting, N the maximum: the served default). Writes breakdown.json and summary.txt.

@@ -40,9 +40,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from avspec.serving.host.server_process import ServerProcess, free_port
-from avspec.tools.soak.drain import wait_drained
-from avspec.tools.soak.load import Endpoints, Tally, join_loops, start_loops
-from avspec.tools.soak.memory import (
+from avspec.tools.bench.soak.drain import wait_drained
+from avspec.tools.bench.soak.load import Endpoints, Tally, join_loops, start_loops
+from avspec.tools.bench.soak.memory import (
     SHM_DIR,
     MemorySampler,
     cmdline,
@@ -51,8 +51,8 @@ from avspec.tools.soak.memory import (
     shm_after_stop,
     shm_usage,
 )
-from avspec.tools.soak.mix import Mix, load_prompts
-from avspec.tools.soak.report import build_result, write_outputs
+from avspec.tools.bench.soak.mix import Mix, load_prompts
+from avspec.tools.bench.soak.report import build_result, write_outputs
 
 ROOT = Path(__file__).resolve().parents[1]
 JOIN_GRACE_S = 30.0  # on top of --request-timeout, for the requests in flight at the deadline

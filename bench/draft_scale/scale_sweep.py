@@ -17,7 +17,7 @@ from torch import nn
 
 from avspec.engine.draft_vocab import load_draft_vocab
 from avspec.runtime.model_dir import load_model
-from avspec.tools.draft.evaluate import approx_acceptance, load_chunks, served_draft
+from avspec.tools.train.draft.evaluate import approx_acceptance, load_chunks, served_draft
 
 
 class Scaled(nn.Module):

@@ -3,10 +3,10 @@
     python bench/draft_shapes/target_layers.py zero-shot            # acceptance, untrained
     python bench/draft_shapes/target_layers.py trial --layers 0,1,2 --minutes 12
 
-`zero-shot`: for each choice of blocks, `avspec.tools.draft.model.target_layers_draft` as it is
-(the target's blocks, final norm and embedding) and its approximate held-out acceptance at
+`zero-shot`: for each choice of blocks, `avspec.tools.train.draft.model.target_layers_draft` as it
+is (the target's blocks, final norm and embedding) and its approximate held-out acceptance at
 position 1 (`approx_acceptance`, 12 held-out answers of build/draft-smollm2/heldout).
-`trial`: `avspec.tools.draft.train.train_draft` from a fresh draft of `--layers` (embedding
+`trial`: `avspec.tools.train.draft.train.train_draft` from a fresh draft of `--layers` (embedding
 frozen, q over the kept ids of models/draft/draft_vocab.json, `--lr`, warmup then cosine over
 `--minutes` of step time) on whatever chunks are in build/draft-smollm2/train, one thread, in a
 scratch work directory; prints its log, the approximate acceptance on 24 held-out answers every
@@ -25,9 +25,9 @@ import torch
 from avspec.engine.draft_vocab import load_draft_vocab
 from avspec.runtime.hf_config import read_hf_config
 from avspec.runtime.model_dir import load_model
-from avspec.tools.draft.evaluate import approx_acceptance, load_chunks
-from avspec.tools.draft.model import target_layers_draft
-from avspec.tools.draft.train import LOG, train_draft
+from avspec.tools.train.draft.evaluate import approx_acceptance, load_chunks
+from avspec.tools.train.draft.model import target_layers_draft
+from avspec.tools.train.draft.train import LOG, train_draft
 
 DATA = Path("build/draft-smollm2")  # the draft's data phase: heldout/ and train/ chunks
 

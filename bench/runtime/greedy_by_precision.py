@@ -1,6 +1,6 @@
-"""Greedy answers to the 8 chat prompts of `avspec.tools.check_gguf_target`, by serving precision,
-on the cached path as served (one `forward_cached` call per token after the prompt), against
-float32 on the same directory: where each precision's answer parts from float32's.
+"""Greedy answers to the 8 chat prompts of `avspec.tools.setup.check_gguf_target`, by serving
+precision, on the cached path as served (one `forward_cached` call per token after the prompt),
+against float32 on the same directory: where each precision's answer parts from float32's.
 
     .venv/bin/python bench/runtime/greedy_by_precision.py --model <fp32 conversion dir> \
         --out bench/runtime/greedy_by_precision.json
@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from avspec.runtime.model_dir import load_tokenizer
 from avspec.runtime.precision import load_served_model
-from avspec.tools.check_gguf_target import CHAT_PROMPTS, MAX_NEW_TOKENS, parting
+from avspec.tools.setup.check_gguf_target import CHAT_PROMPTS, MAX_NEW_TOKENS, parting
 
 PRECISIONS = ("float32", "bfloat16", "int4", "w8a8")
 

@@ -61,7 +61,7 @@ from avspec.config import EstimatorConfig
 from avspec.serving.host.server_process import free_port
 from avspec.serving.repository import copy_repository
 from avspec.serving.stages.metrics import metric_value, parse_metrics
-from avspec.tools.soak.tensors import infer_inputs
+from avspec.tools.bench.soak.tensors import infer_inputs
 
 pytestmark = pytest.mark.serving
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from avspec.tools.soak.tensors import infer_inputs
+from avspec.tools.bench.soak.tensors import infer_inputs
 
 MODEL = "speculative"
 

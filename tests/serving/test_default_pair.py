@@ -27,9 +27,15 @@ pytestmark = pytest.mark.serving
 
 
 def test_default_pair_fetches_serves_and_answers(tmp_path: Path) -> None:
-    fetch = [sys.executable, "-m", "avspec.tools.fetch_target", "--out", "models/target"]
+    fetch = [sys.executable, "-m", "avspec.tools.setup.fetch_target", "--out", "models/target"]
     subprocess.run(fetch, cwd=ROOT, check=True, timeout=900)
-    assemble = [sys.executable, "-m", "avspec.tools.draft_embedding", "--target", "models/target"]
+    assemble = [
+        sys.executable,
+        "-m",
+        "avspec.tools.train.draft_embedding",
+        "--target",
+        "models/target",
+    ]
     subprocess.run(assemble + ["--draft", "models/draft"], cwd=ROOT, check=True, timeout=300)
     http, grpc, metrics = free_port(), free_port(), free_port()
     log = tmp_path / "serve.log"

@@ -11,7 +11,7 @@
 with no row is not run and costs 0. `verify` is the target forward as a function of tokens,
 net of its per-row part: measured here, 64 tokens cost 28 ms as 64 rows of 1 and 14 ms as 16 rows
 of 4, so a table by tokens alone mistakes batch size for verification cost. Both are
-`CostTable`s (monotone, measured; avspec.tools.profiler). The file format is
+`CostTable`s (monotone, measured; avspec.tools.bench.profiler). The file format is
 `avspec.av.cost_file`.
 """
 

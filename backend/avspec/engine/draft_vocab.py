@@ -21,7 +21,7 @@ the draft's directory has one, else off):
 `token_ids`: the kept ids of the target's vocabulary (the draft's rows share it), sorted
 ascending, unique, each in 0..width-1 (width: the stage's `vocab_width`), at least one.
 `source` (a string) and any other keys (`vocab_size`, `coverage`: what
-`avspec.tools.draft_vocab` records) are informational and not read. Every problem raises
+`avspec.tools.train.draft_vocab` records) are informational and not read. Every problem raises
 `DraftVocabError` naming the file and what is wrong.
 """
 
@@ -107,7 +107,8 @@ def load_draft_vocab(path: Path | str, width: int) -> DraftVocab:
     except FileNotFoundError:
         raise DraftVocabError(
             f"{where}: no such file (the draft's `draft_vocab` parameter names it, relative to "
-            "the draft's model directory; build one with `python -m avspec.tools.draft_vocab`)"
+            "the draft's model directory; build one with `python -m "
+            "avspec.tools.train.draft_vocab`)"
         ) from None
     except (OSError, UnicodeDecodeError) as err:
         raise DraftVocabError(f"{where}: cannot be read: {err}") from None

@@ -9,7 +9,8 @@ INDEX_FILE = "model.safetensors.index.json"  # the weight map of a sharded check
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
-# a draft stored without the embedding it shares with its target (avspec.tools.draft_embedding)
+# a draft stored without the embedding it shares with its target
+# (avspec.tools.train.draft_embedding)
 SHARED_EMBEDDING_FILE = "shared_embedding.json"
 TOKENIZER_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE)
 # the same model as a GGUF file, beside the checkpoint: what llama.cpp's engine loads

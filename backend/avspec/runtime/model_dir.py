@@ -85,7 +85,7 @@ def check_model_dir(path: Path | str) -> None:
             raise ModelDirError(
                 f"{path}: a draft stored without the embedding it shares with its target "
                 f"({SHARED_EMBEDDING_FILE}); assemble it first: make models, or python -m "
-                f"avspec.tools.draft_embedding --draft {path} --target <its target>"
+                f"avspec.tools.train.draft_embedding --draft {path} --target <its target>"
             )
         return
     try:

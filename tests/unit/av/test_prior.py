@@ -12,7 +12,7 @@ from avspec.av.estimator import AcceptanceEstimator
 from avspec.av.prior import Replica, combine, combine_files, read_replica
 from avspec.av.snapshot import load_snapshot, save_snapshot
 from avspec.config import EstimatorConfig
-from avspec.tools.combine_snapshots import main as combine_main
+from avspec.tools.setup.combine_snapshots import main as combine_main
 
 NAMES = ("A", "B", "C", "G0", "G1", "n")
 

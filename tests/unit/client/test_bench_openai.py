@@ -1,4 +1,4 @@
-"""client/bench_openai.py and avspec.tools.stream_metrics without a server: AIPerf's streaming
+"""client/bench_openai.py and avspec.tools.bench.stream_metrics without a server: AIPerf's streaming
 metrics from constructed chunk timestamps, and the chunks of the official client read back."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from helpers.client_scripts import load_client_script
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
-from avspec.tools.stream_metrics import (
+from avspec.tools.bench.stream_metrics import (
     StreamRecord,
     combine_rounds,
     inter_chunk_gaps,

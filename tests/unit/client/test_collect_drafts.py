@@ -15,7 +15,7 @@ from avspec.av.cost_file import save_step_cost
 from avspec.av.cost_table import CostTable
 from avspec.av.step_cost import StepCost
 from avspec.runtime.transformer import Transformer
-from avspec.tools.features_zoo import ZOO_FEATURES
+from avspec.tools.train.features_zoo import ZOO_FEATURES
 
 collect_drafts = load_client_script("collect_drafts")
 eval_estimator = load_client_script("eval_estimator")

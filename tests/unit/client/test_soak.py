@@ -1,6 +1,6 @@
 """client/soak.py without a server: the command line, soak.json's config, the exit status.
 
-The library under it (avspec.tools.soak) is tested in tests/unit/tools/soak/.
+The library under it (avspec.tools.bench.soak) is tested in tests/unit/tools/bench/soak/.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from helpers.client_scripts import load_client_script
 
 from avspec.serving.host.server_process import free_port
-from avspec.tools.soak import load
+from avspec.tools.bench.soak import load
 
 soak = load_client_script("soak")
 

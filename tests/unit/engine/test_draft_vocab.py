@@ -84,7 +84,7 @@ def test_missing_map_names_the_file_and_the_tool(tmp_path: Path) -> None:
     with pytest.raises(DraftVocabError, match="no such file") as err:
         load_draft_vocab(tmp_path / "absent.json", VOCAB)
     assert str(tmp_path / "absent.json") in str(err.value)
-    assert "avspec.tools.draft_vocab" in str(err.value)
+    assert "avspec.tools.train.draft_vocab" in str(err.value)
 
 
 def test_in_memory_map_is_checked_too() -> None:

@@ -2,7 +2,7 @@
 
 The files are written as llama.cpp writes them (`helpers.gguf_files`: its tensor names, its
 q/k row permutation). The reference is `transformers` reading the same file with its own GGUF
-loader (`avspec.tools.gguf_reference`): the runtime's logits on the converted float32
+loader (`avspec.tools.setup.gguf_reference`): the runtime's logits on the converted float32
 directory must equal its logits within MAX_DIFF, for float weights and for a mix of quantized
 types. The deliberately broken converter, which leaves the q/k permutation in place, must be
 caught by the same comparison. Also: the weights come back exactly in Hugging Face order, a
@@ -23,7 +23,7 @@ from avspec.runtime.gguf import convert
 from avspec.runtime.gguf.convert import cached_conversion, convert_gguf
 from avspec.runtime.gguf.reader import GGUFError
 from avspec.runtime.hf_checkpoint import load_hf_model
-from avspec.tools.gguf_reference import transformers_gguf_model
+from avspec.tools.setup.gguf_reference import transformers_gguf_model
 
 MAX_DIFF = 1e-4
 SHAPE = TinyLlama()

@@ -20,7 +20,7 @@ from avspec.runtime.hf_checkpoint import load_hf_model, read_hf_config, save_hf_
 from avspec.runtime.hf_tokenizer import HFTokenizer
 from avspec.runtime.rope import RopeScaling
 from avspec.runtime.transformer import Transformer, TransformerConfig
-from avspec.tools.training.bpe import save_tokenizer, train_bpe
+from avspec.tools.train.tiny.bpe import save_tokenizer, train_bpe
 
 MAX_DIFF = 1e-4
 VOCAB = 300

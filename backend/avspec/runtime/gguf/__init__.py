@@ -12,5 +12,5 @@ converted once into one and cached by the file's sha256. One module per job:
   GGUF's tokenizer metadata;
 - `convert`: write the directory, and the hash-keyed cache around it;
 - `writer`: the other way, a Llama checkpoint written as a GGUF for llama.cpp's engine (the
-  draft: `avspec.tools.draft_gguf`).
+  draft: `avspec.tools.setup.draft_gguf`).
 """

@@ -13,7 +13,7 @@ at several times one; in bfloat16 torch at about one). So the repository's verif
   ~/.cache/avspec/costs (started as root: /var/cache/avspec/costs, given to the server's user;
   a cache that cannot be written: a temporary file, measured each start);
 - found: used as it is; missing, or `--remeasure-costs` (`make costs`): measured first by
-  `python -m avspec.tools.profile_costs` on a short ladder (`LADDER`: 40 s on torch, 2 min on
+  `python -m avspec.tools.bench.profile_costs` on a short ladder (`LADDER`: 40 s on torch, 2 min on
   llama.cpp's engine for the default pair on 2 cores), written there, then used.
 
 The served path's per-step hops are not in an in-process profile: the file starts from
@@ -92,9 +92,9 @@ class CostSetup:
         return f"{self.engine}-{self.threads or os.cpu_count()}t-{digest}"
 
     def profile_command(self, output: Path) -> list[str]:
-        """The `avspec.tools.profile_costs` run that measures this setup into `output`."""
+        """The `avspec.tools.bench.profile_costs` run that measures this setup into `output`."""
         command = [
-            sys.executable, "-m", "avspec.tools.profile_costs",
+            sys.executable, "-m", "avspec.tools.bench.profile_costs",
             "--target-dir", str(self.target_dir), "--draft-dir", str(self.draft_dir),
             "--engine", self.engine, "--max-draft-tokens", str(self.max_draft_tokens),
             "--draft-top-k", str(self.draft_top_k), "--overhead-ms", str(OVERHEAD_MS),

@@ -77,7 +77,7 @@ from avspec.serving.repository import ENGINES, SERVING_DTYPES, copy_repository
 
 ADMIN_KEY_FD_ENV = "AVSPEC_ADMIN_KEY_FD"  # the pipe holding the keys across the sandbox's exec
 ALLOWED_HOSTS_ENV = "AVSPEC_ALLOWED_HOSTS"
-DEFAULT_GGUF_CACHE = Path("build/gguf-cache")  # the cache avspec.tools.fetch_target uses
+DEFAULT_GGUF_CACHE = Path("build/gguf-cache")  # the cache avspec.tools.setup.fetch_target uses
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -195,7 +195,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=DEFAULT_GGUF_CACHE,
         help="where .gguf models are converted, by the file's sha256 (default: %(default)s, "
-        "relative to the working directory, shared with avspec.tools.fetch_target)",
+        "relative to the working directory, shared with avspec.tools.setup.fetch_target)",
     )
     parser.add_argument(
         "--user",

@@ -1,5 +1,5 @@
 """llama.cpp's requantization of the target's file and its agreement figures
-(avspec.tools.requantize), on the pinned SmolLM2 GGUF and held-out chat prompts."""
+(avspec.tools.setup.requantize), on the pinned SmolLM2 GGUF and held-out chat prompts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from avspec.runtime.gguf.reader import GGUFFile
-from avspec.tools.requantize import agreement, chat_prompts, file_type, requantize
+from avspec.tools.setup.requantize import agreement, chat_prompts, file_type, requantize
 
 ROOT = Path(__file__).resolve().parents[4]
 

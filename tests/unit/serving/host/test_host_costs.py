@@ -71,7 +71,7 @@ def test_first_start_measures_then_reuses(prepared, tmp_path: Path, monkeypatch)
     cost = load_step_cost(path)  # the verifier's loader takes it
     assert cost.verify.sizes[0] == 1 and cost.overhead_ms == host_costs.OVERHEAD_MS
     measured = json.loads(path.read_text())["measured"]
-    assert "-m avspec.tools.profile_costs" in measured["command"] and measured["threads"] == 1
+    assert "-m avspec.tools.bench.profile_costs" in measured["command"] and measured["threads"] == 1
     assert path.with_suffix(".png").is_file()
 
     def no_measuring(*args, **kwargs):
