@@ -33,8 +33,9 @@ test: $(STAMP) llamacpp ## the whole suite: unit tests and the real-server tests
 unit: $(STAMP) llamacpp ## the server-free tests only (tests/unit, about two minutes)
 	$(PY) -m pytest -q tests/unit
 
-lint: $(STAMP) ## ruff check and ruff format --check
-	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+# mypy reads its files (backend/avspec) and settings from pyproject.toml's [tool.mypy].
+lint: $(STAMP) ## ruff check, ruff format --check and mypy over backend/
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
 
 format: $(STAMP) ## ruff format and ruff check --fix
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
