@@ -7,31 +7,23 @@ the Triton step ensemble).
   `reusable` and `start_positions`, the EOS and `max_tokens` rules and the draft cap): each
   step builds its inputs from the live sequences' states and commits each outcome to its own.
 - Admission (avspec.engine.admission, which states the limits and the fairness bound): `submit`
-  queues a request per client or raises `Overloaded` (nothing enqueued, `requests_rejected`
-  counted); at each step boundary queued requests fill the free batch slots, one per client in
-  turn.
-- Fair share of the batch (`fair_quotas` in avspec.engine.admission): at each step boundary, when
-  a client waits, every client with more live sequences than its max-min fair quota has its
-  excess paused, highest sequence ids (its latest requests) first, and the free slots go to the
-  clients under their quota. A paused sequence goes back to the front of its client's queue and
-  is NOT released: the stages keep its KV cache and its random generators, and it is simply left
-  out of the steps until it is admitted again, when it continues where it stopped (same
-  `start_positions`, same cache, same draws: its output is exactly what it would have been
-  unpaused whenever that output does not depend on the batch, e.g. adaptive verification off or
-  greedy; with it on, the verifier treats it like a new arrival, which the lossless argument
-  allows). Paused sequences still hold stage slots, so with `max_resident` (the stages'
-  `max_sequences`) a request that has not started yet is admitted only while live + paused stay
-  within it; a paused one can always resume. The stages' idle sweep frees a sequence not stepped
-  for their `idle_timeout_s`: keep `request_timeout_s` below it so a paused request ends with
-  the timeout error before its state could be swept (a swept one fails with an error, it never
-  hangs).
+  checks a request (avspec.engine.request_limits: ValueError), then queues it per client or
+  raises `Overloaded` (nothing enqueued, `requests_rejected` counted); at each step boundary
+  queued requests fill the free batch slots, one per client in turn.
+- Fair share of the batch and the KV pool (avspec.engine.rebalance): at each step boundary a
+  client over its max-min fair quota has its excess paused while another waits (a paused
+  sequence keeps its stage state and KV cache and resumes where it stopped: its output is what
+  it would have been unpaused whenever that output does not depend on the batch), and the free
+  slots are filled within `max_resident` and the pool's cells. The stages' idle sweep frees a
+  sequence not stepped for their `idle_timeout_s`: keep `request_timeout_s` below it so a
+  paused request ends with the timeout error before its state could be swept (a swept one fails
+  with an error, it never hangs).
 - Wall-clock limit (`request_timeout_s`): at each step boundary a request queued, live or paused
   for longer than the limit since `submit` is ended with `RequestTimedOut` through `on_error`
   (released like a cancelled one).
-- Error isolation: if `step_fn` raises, the step is replayed for each sequence alone (the cache
-  rule makes a replay safe; replays carry nothing: no `prev_num_accepted`, plan or timing). A
-  sequence that still fails alone gets `on_error` and is released; the others continue. A
-  callback that raises fails only its own request (its stream is broken); the loop goes on.
+- Error isolation (avspec.engine.step_call): if `step_fn` raises, the step is replayed for each
+  sequence alone; a sequence that still fails alone gets `on_error` and is released; the others
+  continue. A callback that raises fails only its own request (its stream is broken).
 - Finished, cancelled and failed sequences go out in the next step's `release_seq_ids`; with no
   live sequence left, an empty-batch step carries them. Releases are never lost: a call that
   raised hands its releases to the next call (a release is idempotent on the stages).
@@ -49,13 +41,14 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from avspec.contract import StepInputs, StepOutputs
-from avspec.engine.admission import AdmissionQueue, Overloaded, fair_quotas
-from avspec.engine.refit_guard import RefitGuard, RefitRow
+from avspec.engine.admission import AdmissionQueue, Overloaded
+from avspec.engine.rebalance import rebalance
+from avspec.engine.refit_guard import RefitGuard
+from avspec.engine.request_limits import MAX_TEMPERATURE as MAX_TEMPERATURE  # serving's import
+from avspec.engine.request_limits import positions_needed, validate_request
 from avspec.engine.sequence import (
     Carry,
     GenerationRequest,
@@ -63,15 +56,11 @@ from avspec.engine.sequence import (
     SequenceState,
     StepReport,
     as_eos_ids,
-    build_inputs,
-    read_outputs,
 )
+from avspec.engine.step_call import StepFn, call_step
 
 logger = logging.getLogger(__name__)
 
-StepFn = Callable[[StepInputs], StepOutputs]
-
-MAX_TEMPERATURE = 100.0  # a request's largest temperature (at 100 sampling is near uniform)
 _RETRY_S = 0.5  # background loop: wait after a release-only step failed before resending
 
 
@@ -221,7 +210,7 @@ class Scheduler:
 
         Raises ValueError if invalid, Overloaded if a queue limit is reached.
         """
-        self._validate(request)
+        validate_request(request, self.max_draft_tokens, self.max_context, self.kv_pool_tokens)
         with self._lock:
             seq = SequenceState(self._next_id, request, on_step, on_error, list(request.prompt_ids),
                                 prefill_chunk=self.prefill_chunk)  # fmt: skip
@@ -301,36 +290,9 @@ class Scheduler:
 
     # --- internals -------------------------------------------------------------------------
 
-    def _validate(self, request: GenerationRequest) -> None:
-        if not request.prompt_ids:
-            raise ValueError("prompt_ids must not be empty")
-        if request.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
-        if not 0 <= request.num_draft_tokens <= self.max_draft_tokens:
-            raise ValueError(
-                f"num_draft_tokens {request.num_draft_tokens} outside 0..{self.max_draft_tokens}"
-            )
-        if not 0 <= request.temperature <= MAX_TEMPERATURE:
-            raise ValueError(
-                f"temperature must lie in 0..{MAX_TEMPERATURE:g} (0 = greedy), "
-                f"got {request.temperature}"
-            )
-        if not 0 < request.top_p <= 1:
-            raise ValueError(f"top_p must lie in (0, 1], got {request.top_p}")
-        if not isinstance(request.client, str):
-            raise ValueError(f"client must be a string, got {type(request.client).__name__}")
-        need = self._need(request)
-        for limit, name in ((self.max_context, "max_context"), (self.kv_pool_tokens, "the KV "
-                            "pool's cells (kv_pool_tokens)")):  # fmt: skip
-            if limit is not None and need > limit:
-                raise ValueError(
-                    f"prompt ({len(request.prompt_ids)}) + max_tokens ({request.max_tokens}) + "
-                    f"draft tokens ({self.max_draft_tokens}) = {need} exceeds {name} {limit}"
-                )
-
     def _need(self, request: GenerationRequest) -> int:
         """Positions a request may hold in the stages' caches at most."""
-        return len(request.prompt_ids) + request.max_tokens + self.max_draft_tokens
+        return positions_needed(request, self.max_draft_tokens)
 
     def _drop(self, seq: SequenceState) -> None:
         """Take `seq` out of the queue or the batch (lock held); release what the stages hold."""
@@ -357,69 +319,12 @@ class Scheduler:
         return events
 
     def _rebalance(self) -> None:
-        """Pause sequences over their client's fair quota, then fill the free slots (lock held).
-
-        Demand per client: live + paused + the not-yet-started requests the resident bound can
-        still take; quotas: `fair_quotas` over the batch's slots. Admission takes clients under
-        their quota first (round robin), then any admissible request, so no slot stays idle.
-        """
-        if not self._queue:
-            return
-        live = Counter(seq.request.client for seq in self._live)
-        paused, fresh = Counter(), Counter()
-        for seq in self._queue:
-            (paused if seq.stepped else fresh)[seq.request.client] += 1
-        room = math.inf
-        if self.max_resident is not None:
-            room = self.max_resident - len(self._live) - sum(paused.values())
-        demand = {
-            client: live[client] + paused[client] + min(fresh[client], max(0, room))
-            for client in (*live, *self._queue.by_client())
-        }
-        quotas = fair_quotas(demand, self.max_batch_size, holding=live)
-        for client in list(live):
-            excess = live[client] - quotas.get(client, 0)
-            if excess <= 0:
-                continue
-            mine = sorted((s for s in self._live if s.request.client == client), key=_seq_id)
-            for seq in reversed(mine[-excess:]):  # highest ids first; the lowest ends up in front
-                self._live.remove(seq)
-                self._queue.push_front(client, seq)
-            live[client] -= excess
-            self.counters.preemptions += excess
-
-        # a shared KV pool: admit a new request only while every admitted one can still reach
-        # its longest (paused ones keep their cells), so no step runs out of cells
-        cells, first_waiting = math.inf, math.inf
-        if self.kv_pool_tokens is not None:
-            held = [*self._live, *(s for s in self._queue if s.stepped)]
-            cells = self.kv_pool_tokens - sum(self._need(s.request) for s in held)
-            # no overtaking: while the oldest new request waits for cells, a later one may not
-            # take them (so a large request waits for running ones to end, not for a lull)
-            waiting = (s for s in self._queue if not s.stepped)
-            oldest = min(waiting, key=_seq_id, default=None)
-            if oldest is not None and self._need(oldest.request) > cells:
-                first_waiting = oldest.seq_id
-
-        def fits(seq: SequenceState) -> bool:
-            if seq.stepped:
-                return True
-            return room > 0 and self._need(seq.request) <= cells and seq.seq_id <= first_waiting
-
-        def under_quota(client: str, seq: SequenceState) -> bool:
-            return live[client] < quotas.get(client, 0) and fits(seq)
-
-        for may_take in (under_quota, lambda client, seq: fits(seq)):
-            while len(self._live) < self.max_batch_size:
-                taken = self._queue.pop(1, may_take)
-                if not taken:
-                    break
-                seq = taken[0]
-                self._live.append(seq)
-                live[seq.request.client] += 1
-                if not seq.stepped:
-                    room -= 1
-                    cells -= self._need(seq.request)
+        """Pause sequences over their client's fair quota, then fill the free slots (lock held;
+        avspec.engine.rebalance)."""
+        self.counters.preemptions += rebalance(
+            self._live, self._queue, self.max_batch_size, self.max_resident,
+            self.kv_pool_tokens, self._need,
+        )  # fmt: skip
 
     def _find(self, seq_id: int) -> SequenceState | None:
         for seq in (*self._queue, *self._live):
@@ -434,43 +339,19 @@ class Scheduler:
     def _run(
         self, batch: list[SequenceState], releases: list[int], prev: Carry
     ) -> tuple[dict[int, Outcome], dict[int, Exception], Carry, list[int]]:
-        """Call step_fn on the batch; on failure replay each sequence alone.
+        """Call step_fn on the batch, each sequence alone if that fails (avspec.engine.step_call).
 
         Returns (outcomes, failures, the carry for the next step, releases whose every carrying
         call raised).
         """
-        empty = Carry()
-        try:
-            started = time.perf_counter()
-            outputs = self.step_fn(build_inputs(batch, releases, prev))
-            wall_ms = (time.perf_counter() - started) * 1e3
-            releases = []  # the call returned: every stage has freed them
-            outcomes = read_outputs(outputs, batch, self.max_draft_tokens)
-            accepted = self._guard.prev_num_accepted(_refit_rows(batch, outcomes))
-            carry = Carry.after(outputs, accepted, wall_ms)
-            if batch and all(seq.prefilling for seq in batch):
-                # rows that may not draft say nothing about drafting: a plan from them alone
-                # (depth 0) would keep the first decoding steps from drafting
-                carry.draft_plan = prev.draft_plan
-            return outcomes, {}, carry, []
-        except Exception as exc:  # noqa: BLE001 - isolate the failing sequence below
-            if not batch:
-                logger.warning("release-only step failed (%s); releases kept for the next", exc)
-                return {}, {}, empty, releases
-            logger.warning(
-                "step of %d sequences failed (%s); replaying each alone", len(batch), exc
-            )
-            with self._lock:
-                self.counters.step_failures += 1
-        outcomes, failures = {}, {}
-        for seq in batch:
-            try:
-                outputs = self.step_fn(build_inputs([seq], releases, empty))
-                releases = []
-                outcomes.update(read_outputs(outputs, [seq], self.max_draft_tokens))
-            except Exception as exc:  # noqa: BLE001 - reported through on_error
-                failures[seq.seq_id] = exc
-        return outcomes, failures, empty, releases
+        return call_step(
+            self.step_fn, batch, releases, prev, self._guard, self.max_draft_tokens,
+            self._count_step_failure,
+        )  # fmt: skip
+
+    def _count_step_failure(self) -> None:
+        with self._lock:
+            self.counters.step_failures += 1
 
     def _apply(
         self,
@@ -552,21 +433,3 @@ class Scheduler:
                         self._retire(seq)
                     self.counters.requests_failed += len(doomed)
                 self._deliver(_Events(errors=[(seq, exc) for seq in doomed]))
-
-
-def _seq_id(seq: SequenceState) -> int:
-    return seq.seq_id
-
-
-def _refit_rows(batch: list[SequenceState], outcomes: dict[int, Outcome]) -> list[RefitRow]:
-    """What the refit guard judges each row of a step by, in batch order."""
-    return [
-        RefitRow(
-            seq.seq_id,
-            seq.request.client,
-            seq.request.temperature,
-            outcomes[seq.seq_id].verified,
-            outcomes[seq.seq_id].accepted,
-        )
-        for seq in batch
-    ]

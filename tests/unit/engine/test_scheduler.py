@@ -20,7 +20,8 @@ import avspec.engine.scheduler
 from avspec.av.estimator import refit_excluded
 from avspec.contract import StepInputs, StepOutputs
 from avspec.engine.admission import Overloaded
-from avspec.engine.scheduler import MAX_TEMPERATURE, RequestTimedOut, Scheduler
+from avspec.engine.request_limits import MAX_TEMPERATURE
+from avspec.engine.scheduler import RequestTimedOut, Scheduler
 from avspec.engine.sequence import GenerationRequest, StepReport
 from avspec.engine.step import SpeculativeStep
 
