@@ -7,6 +7,7 @@ One module per job: `prompts` (chat prompts from the project's own corpora, no d
 general chat, `--self-prompts N`), `generate` (the target answers them; its top-64 logits are
 saved for distillation, in chunks, resumable), `model` (the draft's shape and its embedding taken
 from the target), `train` (top-64 KL distillation, checkpointed, resumable), `evaluate`
-(held-out acceptance at position 1 and the AUC of logit(q_max)) and `__main__` (the pipeline,
-`make draft`).
+(held-out acceptance at position 1 and the AUC of logit(q_max)), `model_card` (the pair's card,
+`make card`: figures from `card_measure` and `card_cost`, text by `card_render`) and `__main__`
+(the pipeline, `make draft`).
 """

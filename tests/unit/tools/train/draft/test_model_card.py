@@ -1,4 +1,5 @@
-"""`avspec.tools.train.draft.model_card`: the model card of a (target, draft) pair.
+"""`avspec.tools.train.draft.model_card` (and its card_measure, card_cost, card_render): the model
+card of a (target, draft) pair.
 
 On a tiny seeded pair (`helpers.chat_pair.save_smooth_chat_pair`: spread-out distributions, a
 draft close to the target, so acceptance is high and depends on the warping):
@@ -33,22 +34,23 @@ from avspec.av.features import logit_qmax
 from avspec.av.step_cost import StepCost
 from avspec.runtime.model_dir import load_model, load_tokenizer
 from avspec.tools.train.draft.__main__ import main as draft_main
-from avspec.tools.train.draft.evaluate import TEMPERATURE, TOP_P, DraftChains, draft_chains
-from avspec.tools.train.draft.generate import chat_renderer
-from avspec.tools.train.draft.model_card import (
-    ACCEPTANCE_HEADER,
+from avspec.tools.train.draft.card_cost import cost_section
+from avspec.tools.train.draft.card_measure import (
     DEPTH,
     SAMPLE_PROMPTS,
     acceptance_table,
     calibration,
     chat_sequences,
-    cost_section,
-    disagreements,
+    verification_outcomes,
+)
+from avspec.tools.train.draft.card_render import (
+    ACCEPTANCE_HEADER,
     read_acceptance_table,
     render_card,
-    verification_outcomes,
-    write_card,
 )
+from avspec.tools.train.draft.evaluate import TEMPERATURE, TOP_P, DraftChains, draft_chains
+from avspec.tools.train.draft.generate import chat_renderer
+from avspec.tools.train.draft.model_card import disagreements, write_card
 from avspec.tools.train.draft.prompts import build_prompts
 from avspec.tools.train.tiny.corpus import corpus_files, split_files
 from avspec.tools.train.tiny.evaluate import acceptance_by_position, warp
@@ -291,7 +293,7 @@ def test_chat_sequences_end_inside_the_answer(pair):
 
 
 def test_a_fine_tune_names_its_start_and_the_raw_held_out_figures():
-    from avspec.tools.train.draft.model_card import _training_lines
+    from avspec.tools.train.draft.card_render import _training_lines
 
     report = {
         "training": {"step": 10, "elapsed": 600.0, "seen": 1000, "init_from": "models/draft",
