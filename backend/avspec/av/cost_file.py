@@ -21,7 +21,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from avspec.av.cost_table import CostTable
 from avspec.av.step_cost import StepCost
@@ -92,8 +92,8 @@ def load_step_cost(path: str | Path) -> StepCost:
             f"cost file {path}: field 'format' is {document.get('format')!r}, want {FORMAT!r}; "
             f"re-profile it: {PROFILE_COMMAND}"
         )
-    overhead = document.get("overhead_ms")
-    row_ms = document.get("verify_row_ms", 0.0)
+    overhead: Any = document.get("overhead_ms")  # checked below
+    row_ms: Any = document.get("verify_row_ms", 0.0)
     for field, value in (("overhead_ms", overhead), ("verify_row_ms", row_ms)):
         if not _number(value) or not (math.isfinite(value) and value >= 0):
             raise ValueError(
@@ -118,7 +118,7 @@ def _table(table: CostTable) -> dict[str, list[float]]:
     return {"sizes": sizes, "millis": list(table.millis)}
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

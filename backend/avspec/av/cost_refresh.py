@@ -58,7 +58,7 @@ class CostRefresh:
         self.profiled = StepCost(cost.draft_pass, cost.verify, cost.overhead_ms, cost.verify_row_ms)
         self.steps = 0  # steps observed (enabled, valid)
         self.updates = 0  # refreshes that changed the StepCost
-        self._ratios = {
+        self._ratios: dict[str, list[deque[float]]] = {
             name: [deque(maxlen=window) for _ in getattr(cost, name).sizes] for name in TABLES
         }
         self._overheads: deque[float] = deque(maxlen=window)

@@ -128,7 +128,7 @@ class AdaptiveVerifier:
             else torch.zeros_like(inputs.adaptive)
         )
         inputs = replace(inputs, num_drafted=num_drafted, adaptive_drafting=adaptive_drafting)
-        ids, released = self._validate(inputs)
+        ids, released = self._validate(inputs, num_drafted, adaptive_drafting)
         features, num_draft_tokens, adaptive = (
             inputs.features,
             inputs.num_draft_tokens,
@@ -265,9 +265,11 @@ class AdaptiveVerifier:
         prior = values.mean(0) if values.shape[0] else torch.ones(num_pos, device=device)
         return torch.stack([values[self._stale[i]] if i in self._stale else prior for i in ids])
 
-    def _validate(self, inputs: VerifierInputs) -> tuple[list[int], list[int]]:
-        """(sequence ids, released ids) of valid inputs (num_drafted and adaptive_drafting
-        filled in); ValueError naming the first problem."""
+    def _validate(
+        self, inputs: VerifierInputs, num_drafted: torch.Tensor, adaptive_drafting: torch.Tensor
+    ) -> tuple[list[int], list[int]]:
+        """(sequence ids, released ids) of valid inputs (`num_drafted` and `adaptive_drafting`:
+        the inputs' own, filled in); ValueError naming the first problem."""
         seq_ids, features, num_draft_tokens = (
             inputs.seq_ids,
             inputs.features,
@@ -275,7 +277,6 @@ class AdaptiveVerifier:
         )
         adaptive, prev_num_accepted = inputs.adaptive, inputs.prev_num_accepted
         release_seq_ids, base_tokens = inputs.release_seq_ids, inputs.base_tokens
-        num_drafted, adaptive_drafting = inputs.num_drafted, inputs.adaptive_drafting
         check_shape("features", features, (None, None))
         batch, num_pos = features.shape
         check_shape("seq_ids", seq_ids, (batch,))

@@ -124,9 +124,7 @@ class DraftStage(ModelStage):
         last = torch.tensor(lengths, device=self.device).cumsum(0) - 1  # [batch]
         # [batch, width], the last block's output at each row's last pending token: the output
         # layer runs on the rows that draft x_0 only (none when no row drafts)
-        hidden = self.model.forward_cached(
-            self.cache, step.seq_ids, packed, lengths, hidden=True, at=last
-        )
+        hidden = self.forward_cached(step.seq_ids, packed, lengths, at=last)
         alive = _Alive(stops, plan, self.device, compact=self.compact)
         rows = list(range(batch))
         for position in range(k):
@@ -159,9 +157,7 @@ class DraftStage(ModelStage):
     ) -> torch.Tensor:
         """Run packed `tokens` through the model (cached); the logits at the tokens `last`
         [rows] (None: every token), as `_logits` gives them."""
-        hidden = self.model.forward_cached(
-            self.cache, seq_ids, tokens, lengths, hidden=True, at=last
-        )
+        hidden = self.forward_cached(seq_ids, tokens, lengths, at=last)
         return self._logits(hidden)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -53,7 +53,7 @@ def rebalance(
     if max_resident is not None:
         room = max_resident - len(live) - sum(paused.values())
     demand = {
-        client: by_client[client] + paused[client] + min(fresh[client], max(0, room))
+        client: by_client[client] + paused[client] + int(min(fresh[client], max(0, room)))
         for client in (*by_client, *queue.by_client())
     }
     quotas = fair_quotas(demand, max_batch_size, holding=by_client)

@@ -90,6 +90,7 @@ def rejection_sample(
         check_shape("first_position", first_position, (batch,))
         _check_integer("first_position", first_position)
     if noise is None:
+        assert generators is not None  # exactly one of the two (checked above)
         uniforms, draw = _window_noise(generators, batch, num_pos, stream_positions, device)
     else:
         uniforms, draw = noise

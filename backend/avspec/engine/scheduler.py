@@ -405,9 +405,9 @@ class Scheduler:
                         self.counters.requests_failed += 1
                 if not report.finished:
                     events.errors.append((seq, exc))
-        for seq, exc in events.errors:
+        for seq, error in events.errors:
             try:
-                seq.on_error(exc)
+                seq.on_error(error)
             except Exception:  # noqa: BLE001
                 logger.exception("on_error of sequence %d raised", seq.seq_id)
                 with self._lock:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 import torch
 
@@ -158,6 +158,21 @@ class ModelStage:
     @property
     def cache(self) -> StageCache:
         return self.slots.cache
+
+    def forward_cached(
+        self,
+        seq_ids: Sequence[int],
+        input_ids: torch.Tensor,
+        lengths: Sequence[int],
+        at: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The model's `forward_cached(hidden=True)` on this stage's cache: the torch model runs
+        on a `KVCache`, llama.cpp's on its `SequencePool` (each stage is built with its pair)."""
+        if isinstance(self.model, Transformer):
+            cache = cast(KVCache, self.cache)
+            return self.model.forward_cached(cache, seq_ids, input_ids, lengths, hidden=True, at=at)
+        pool = cast("SequencePool", self.cache)
+        return self.model.forward_cached(pool, seq_ids, input_ids, lengths, hidden=True, at=at)
 
     @property
     def vocab_width(self) -> int:

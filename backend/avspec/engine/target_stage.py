@@ -32,7 +32,7 @@ from avspec.checks import check_shape
 from avspec.contract import HostStep, StepInputs, StepOutputs, read_step_inputs
 from avspec.engine.rejection import rejection_sample
 from avspec.engine.sampling import warp_probs
-from avspec.engine.stage import TARGET_SALT, ModelStage
+from avspec.engine.stage import TARGET_SALT, ModelStage, StageModel
 
 
 @dataclass
@@ -86,10 +86,9 @@ class TargetStage(ModelStage):
         )
         # the last block's output at the positions rejection may read; the output layer and the
         # warp run on the positions it does read (`_probs_at`)
-        hidden = self.model.forward_cached(
-            self.cache, step.seq_ids, packed.tokens, packed.lengths, hidden=True,
-            at=packed.positions,
-        )  # fmt: skip
+        hidden = self.forward_cached(
+            step.seq_ids, packed.tokens, packed.lengths, at=packed.positions
+        )
         logits = OutputLayer(self.model, hidden, packed, num_verify, self.mask_vocab)
         probs_at = partial(
             self._probs_at,
@@ -145,6 +144,7 @@ class TargetStage(ModelStage):
         draft; output_ids is padded back to K + 1.
         """
         k, width = draft_tokens.shape[1], draft_probs.shape[1]
+        target_probs: torch.Tensor | Callable[[torch.Tensor], torch.Tensor]
         if self.by_depth:
             target_probs = probs_at
         else:
@@ -194,7 +194,7 @@ class OutputLayer:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: StageModel,
         hidden: torch.Tensor,
         packed: VerifyBatch,
         num_verify: torch.Tensor,

@@ -206,6 +206,7 @@ def read_required_json(path: Path) -> dict[str, Any]:
 def _rope(f: ConfigFields) -> tuple[float, RopeScaling | None]:
     """(theta, scaling) from `rope_parameters` if present (its `rope_theta`, else the top-level
     one), else from the top-level `rope_theta` + `rope_scaling`."""
+    params: ConfigFields | None
     if f.get("rope_parameters") is not None:
         params = f.nested("rope_parameters")
         in_params = "rope_theta" in params.data or f.get("rope_theta") is None

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError, safe_open  # type: ignore[attr-defined]
 
 from avspec.runtime.hf_config import ConfigFields, HFCheckpointError, read_required_json
 from avspec.runtime.hf_files import CONFIG_FILE, INDEX_FILE, WEIGHTS_FILE
@@ -102,7 +102,7 @@ def open_weights(path: Path) -> Iterator[Any]:
         handle = safe_open(str(path), framework="pt", device="cpu")
     except (SafetensorError, OSError) as err:
         raise HFCheckpointError(f"{path}: unreadable safetensors file: {err}") from None
-    with handle:
+    with handle:  # type: ignore[attr-defined]  # safetensors' stub lacks __enter__
         yield handle
 
 

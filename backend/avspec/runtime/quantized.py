@@ -33,7 +33,7 @@ itself stays in the activations' dtype.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
@@ -73,6 +73,7 @@ class _WeightOnlyLinear(nn.Module):
     tokens, a dense product with the dequantized W above (see the module docstring)."""
 
     kernel_max_tokens: int
+    bias: Tensor | None  # buffer
 
     def __init__(self, bias: Tensor | None, dtype: torch.dtype, scratch: DequantScratch) -> None:
         super().__init__()
@@ -99,6 +100,8 @@ class Int8Linear(_WeightOnlyLinear):
     """W = q * scales[:, None], q int8 [out, in] (one scale per output channel)."""
 
     kernel_max_tokens = 32  # measured crossover with dequantize + bf16 product: 32-48 tokens
+    qweight: Tensor  # buffers
+    scales: Tensor
 
     def __init__(
         self, weight: Tensor, bias: Tensor | None, dtype: torch.dtype, scratch: DequantScratch
@@ -124,11 +127,12 @@ class Int8Linear(_WeightOnlyLinear):
     def dense(self, x: Tensor) -> Tensor:
         # q converts exactly (|q| <= 127 fits any float mantissa); the scales apply to the
         # outputs, as the kernel applies them: one pass over the weights instead of two
-        q = self.scratch.take(tuple(self.qweight.shape), self.scales.dtype).copy_(self.qweight)
+        rows, cols = self.qweight.shape
+        q = self.scratch.take((rows, cols), self.scales.dtype).copy_(self.qweight)
         return (x @ q.t()).mul_(self.scales)
 
 
-def check_int4_shapes(shapes: list[tuple[int, int]], group_size: int) -> None:
+def check_int4_shapes(shapes: list[tuple[int, ...]], group_size: int) -> None:
     """ValueError unless torch's int4 CPU kernel takes weights of these [out, in] shapes."""
     if group_size not in INT4_GROUP_SIZES:
         raise ValueError(f"int4 group size must be one of {INT4_GROUP_SIZES}, got {group_size}")
@@ -151,6 +155,11 @@ class Int4Linear(_WeightOnlyLinear):
     """
 
     kernel_max_tokens = 64  # measured crossover with dequantize + bf16 product: about 64
+    packed: Tensor  # buffers
+    scales_and_zeros: Tensor
+    nibbles_t: Tensor
+    scales_t: Tensor
+    offsets_t: Tensor
 
     def __init__(
         self,
@@ -220,7 +229,9 @@ def quantize_model(
         maxima = input_maxima(model, projections, calibration)
     scratch = DequantScratch()
 
-    def layer(linear: nn.Module, weight_kind: str, input_max: Tensor | None) -> nn.Module:
+    def layer(
+        linear: nn.Linear | _TiedHead, weight_kind: str, input_max: Tensor | None
+    ) -> nn.Module:
         if weight_kind == "int4":
             return Int4Linear(linear.weight, linear.bias, dtype, scratch, group_size)
         if weight_kind == "w8a8":
@@ -232,7 +243,8 @@ def quantize_model(
             for name in _PROJECTIONS:
                 linear = getattr(block, name)
                 setattr(block, name, layer(linear, kind, maxima.get(linear)))
-        head = model.lm_head if model.lm_head is not None else _TiedHead(model.embed.weight)
+        untied = cast(nn.Linear | None, model.lm_head)  # a float model's: not quantized yet
+        head = untied if untied is not None else _TiedHead(model.embed.weight)
         head_kind = "w8a8" if kind == "w8a8" else "int8"
         model.lm_head = layer(head, head_kind, maxima.get(model.final_norm))
 

@@ -101,6 +101,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
     # llama3: the three bands of wavelength described in the module docstring
     factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
     original = scaling.original_max_position_embeddings
+    assert low is not None and high is not None and original is not None  # checked by llama3
     wavelength = 2 * math.pi / inv_freq
     scaled = torch.where(wavelength > original / low, inv_freq / factor, inv_freq)
     smooth = (original / wavelength - low) / (high - low)
@@ -111,6 +112,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
 
 class Rotary(nn.Module):
     """Rotate query/key channel pairs by position-dependent angles (tables up to max_length)."""
+
+    cos: Tensor  # buffers [max_length, head_dim / 2]
+    sin: Tensor
 
     def __init__(
         self,

@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -71,9 +71,10 @@ class TransformerConfig:
     num_heads: int
     vocab_size: int = 257
     max_length: int = 512
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
-    intermediate_size: int | None = None
+    # None in the constructor only: __post_init__ derives the size, so the field is an int
+    num_kv_heads: int = None  # type: ignore[assignment]
+    head_dim: int = None  # type: ignore[assignment]
+    intermediate_size: int = None  # type: ignore[assignment]
     mlp: str = "gelu"
     norm_eps: float | None = None
     qkv_bias: bool = False
@@ -233,7 +234,7 @@ class Transformer(nn.Module):
         self.embed = _Embedding(config.vocab_size, config.width)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.num_layers))
         self.final_norm = nn.RMSNorm(config.width, eps=config.norm_eps)
-        self.lm_head = (
+        self.lm_head: nn.Module | None = (  # quantize_model replaces it
             None
             if config.tie_embeddings
             else nn.Linear(config.width, config.vocab_size, bias=False)
@@ -381,7 +382,7 @@ class Transformer(nn.Module):
         key_cells = [cache.key_cells(tile.slots, tile.key_length) for tile in index.tiles]
         x = self.embed(input_ids)  # (tokens, width)
         angles = self.rotary.angles(index.positions, x.dtype)
-        for layer, block in enumerate(self.blocks):
+        for layer, block in enumerate(cast("list[Block]", self.blocks)):
             # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim)
             q, k, v = block.project(x, self.rotary, angles)
             cache.write(layer, cells, k, v)

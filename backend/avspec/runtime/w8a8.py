@@ -36,7 +36,7 @@ torch's own x86 quantization does). Measured on the tiny test model on an AVX2 h
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -92,6 +92,10 @@ class W8A8Linear(nn.Module):
     multiply `outlier_weight` [outliers, out] (W's columns, float32). Float32 inside; the layer
     returns `dtype`. Build one from float weights with `calibrated`.
     """
+
+    input_scale: Tensor  # buffers
+    outliers: Tensor
+    outlier_weight: Tensor
 
     def __init__(
         self,
@@ -177,7 +181,9 @@ class W8A8Linear(nn.Module):
         return y.to(self.dtype).view(*x.shape[:-1], self.out_features)
 
 
-def calibration_ids(tokenizer_encode, text: str = CALIBRATION_TEXT) -> Tensor:
+def calibration_ids(
+    tokenizer_encode: Callable[[str], list[int]], text: str = CALIBRATION_TEXT
+) -> Tensor:
     """[tokens] int64: `text` encoded by the model's tokenizer (`encode(str) -> list[int]`)."""
     return torch.tensor(tokenizer_encode(text), dtype=torch.long)
 

@@ -229,7 +229,7 @@ def build_requests(
     requests = []
     for row, seq_id in enumerate(seq_ids.tolist()):
         v, context, greedy = verify[row], contexts[row], temps[row] == 0.0
-        host = {
+        host: dict[str, np.ndarray] = {
             "input_ids": np.asarray([context], dtype=np.int32),
             "input_lengths": np.asarray([[len(context)]], dtype=np.int32),
             "request_output_len": np.asarray([[v + 1]], dtype=np.int32),

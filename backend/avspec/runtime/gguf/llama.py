@@ -18,6 +18,7 @@ numerically (tests compare logits with `transformers` reading the same file).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import torch
 
@@ -63,7 +64,7 @@ def llama_config(gguf: GGUFFile) -> TransformerConfig:
     """The `TransformerConfig` (Llama form) that the file's `llama.*` metadata describes."""
     check_architecture(gguf)
 
-    def key(name: str, default: object = ...) -> object:
+    def key(name: str, default: object = ...) -> Any:
         full = f"{ARCHITECTURE}.{name}"
         return gguf.value(full) if default is ... else gguf.value(full, default)
 

@@ -227,6 +227,7 @@ def _add_metadata(writer: GGUFWriter, spec: HFConfig, file_type: LlamaFileType, 
     if config.rope_scaling is not None:
         writer.add_rope_scaling_type(RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(config.rope_scaling.factor)
+    assert config.norm_eps is not None  # a Llama config has its epsilon (hf_config)
     writer.add_layer_norm_rms_eps(config.norm_eps)
     writer.add_vocab_size(config.vocab_size)
 

@@ -54,9 +54,9 @@ def installed_key(prefix: Path | None = None) -> str | None:
 
 def llama_cpp() -> ModuleType:
     """The `llama_cpp` module, its backend initialised and its log routed (once)."""
-    module = _state.get("module")
-    if module is not None:
-        return module
+    cached: ModuleType | None = _state.get("module")
+    if cached is not None:
+        return cached
     built_for, here = installed_key(), cpu_key()
     if built_for is not None and built_for != here:
         raise EngineUnavailable(

@@ -84,7 +84,7 @@ class GGUFModel:
         if not self._model:
             raise GGUFError(f"{self.path}: llama.cpp could not load the model (see the log)")
         self.vocab_size = int(lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self._model)))
-        trained = int(lib.llama_model_n_ctx_train(self._model)) or config.max_position_embeddings
+        trained = int(lib.llama_model_n_ctx_train(self._model)) or config.max_length
         self.max_length = min(settings.max_length or trained, trained)
         params = lib.llama_context_default_params()
         params.n_ctx = settings.pool_tokens

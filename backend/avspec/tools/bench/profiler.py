@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -105,7 +106,8 @@ def profile_verify_cost(
                         max_draft_tokens, check_values=False)  # fmt: skip
     device, vocab = stage.device, model.vocab_size
     gen = torch.Generator().manual_seed(0)
-    calls, shapes = [], []
+    calls: list[tuple[Callable[[], object]]] = []
+    shapes: list[dict[str, Any]] = []
     for batch, first in zip(batches, _first_ids(batches), strict=True):
         tokens = _sequences(text, batch, context_length + 1 + max_draft_tokens, first, gen)
         _prefill(stage, tokens[:, :context_length], max_draft_tokens, first)
@@ -280,7 +282,9 @@ def fit_tokens_and_rows(shapes: Sequence[dict]) -> dict[str, float]:
     return out
 
 
-def _check_ladder(batch_sizes: Sequence[int], context_length: int, repeats: int, warmup: int):
+def _check_ladder(
+    batch_sizes: Sequence[int], context_length: int, repeats: int, warmup: int
+) -> None:
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"batch_sizes must be a non-empty list of sizes >= 1, got {batch_sizes}")
     if context_length < 1 or repeats < 1 or warmup < 0:

@@ -110,7 +110,11 @@ def summarize(records: Sequence[StreamRecord]) -> dict[str, float]:
     both as errors: a record without content is invalid there)."""
     ok = [r for r in records if r.error is None and r.chunk_times]
     errors = sum(r.error is not None for r in records)
-    counts = {"requests": len(ok), "errors": errors, "empty": len(records) - len(ok) - errors}
+    counts: dict[str, float] = {
+        "requests": len(ok),
+        "errors": errors,
+        "empty": len(records) - len(ok) - errors,
+    }
     if not ok:
         return counts
     duration = max(r.chunk_times[-1] for r in ok) - min(r.sent for r in records)

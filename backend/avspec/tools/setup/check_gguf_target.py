@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -56,7 +57,7 @@ def runtime_greedy(model: Transformer, ids: list[int], eos: frozenset[int]) -> l
 
 
 @torch.no_grad()
-def reference_greedy(model: object, ids: list[int], eos: frozenset[int]) -> list[int]:
+def reference_greedy(model: Any, ids: list[int], eos: frozenset[int]) -> list[int]:
     """Greedy continuation of `ids` by the `transformers` model."""
     out = model.generate(
         torch.tensor([ids]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
@@ -93,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"transformers loaded the GGUF in {time.perf_counter() - start:.1f} s")
     ours = load_model(fp32_dir, max_length=512)
     ours_bf16 = load_model(bf16_dir, dtype=torch.bfloat16, max_length=512)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for prompt in CHAT_PROMPTS:
         messages = [{"role": "user", "content": prompt}]
         ids = list(renderer.apply_chat_template(messages, add_generation_prompt=True))

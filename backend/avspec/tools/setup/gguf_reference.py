@@ -24,7 +24,7 @@ def transformers_gguf_model(gguf_path: Path | str) -> Any:
     parsed = load_gguf_checkpoint(str(gguf_path), return_tensors=False)
     fields = {k: v for k, v in parsed["config"].items() if k != "model_type"}
     config = LlamaConfig(**fields)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = LlamaForCausalLM(config).float()
     tensors = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=model)
     state = {k: torch.as_tensor(v, dtype=torch.float32) for k, v in tensors["tensors"].items()}
     missing, unexpected = model.load_state_dict(state, strict=False)

@@ -68,7 +68,7 @@ def split(draft_dir: Path | str, source: dict[str, Any] | None = None) -> Path:
 def target_embedding(target_dir: Path | str) -> torch.Tensor:
     """The target's `model.embed_tokens.weight`, from whichever of its safetensors holds it."""
     for path in sorted(Path(target_dir).glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(path), framework="pt") as f:  # type: ignore[attr-defined]
             if EMBEDDING in f.keys():  # noqa: SIM118 (safe_open has no __contains__)
                 return f.get_tensor(EMBEDDING)
     raise SharedEmbeddingError(f"{target_dir}: no {EMBEDDING} in its safetensors files")

@@ -55,7 +55,7 @@ def payload(spec: RequestSpec, stream: bool) -> dict[str, Any]:
     return body
 
 
-def _http_post(url: str, body: dict, timeout: float):
+def _http_post(url: str, body: dict, timeout: float) -> Any:
     """urlopen a JSON POST; RequestFailed on an HTTP error status (network errors propagate)."""
     request = urllib.request.Request(
         url, json.dumps(body).encode(), headers={"Content-Type": "application/json"}
@@ -142,6 +142,7 @@ class GrpcStream:
             raise
 
     def _exchange(self, spec: RequestSpec, request_id: str, timeout: float) -> str:
+        assert self.client is not None  # opened by `send`
         inputs = infer_inputs(grpcclient, payload(spec, True))
         self.client.async_stream_infer(
             MODEL, inputs, request_id=request_id, enable_empty_final_response=True

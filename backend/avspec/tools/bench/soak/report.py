@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from avspec.tools.bench.soak.growth import memory_report
 from avspec.tools.bench.soak.load import OUTCOMES, Tally
@@ -93,6 +94,9 @@ def summary_text(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+_PLATEAUED: dict[bool | None, str] = {True: "yes", False: "NO"}
+
+
 def _memory_lines(memory: dict[str, dict]) -> list[str]:
     if not memory:
         return ["memory: not sampled (no --server-pid)"]
@@ -101,12 +105,13 @@ def _memory_lines(memory: dict[str, dict]) -> list[str]:
         f"{'1st 3rd':>8} {'last 3rd':>8}  plateau"
     ]
     for name, m in memory.items():
-        p = m["plateau"] or {}
+        p: dict[str, Any] = m["plateau"] or {}
+        plateaued = _PLATEAUED.get(p.get("plateaued"), "-")
         lines.append(
             f"{name:<14} {_num(m['first_after_warmup_mib']):>8} {_num(m['last_mib']):>8} "
             f"{_num(m['peak_mib']):>8} {_pct(m['growth']):>8} "
             f"{_pct(p.get('first_third_growth')):>8} {_pct(p.get('last_third_growth')):>8}  "
-            f"{ {True: 'yes', False: 'NO'}.get(p.get('plateaued'), '-')}"
+            f"{plateaued}"
         )
     return lines
 

@@ -42,9 +42,9 @@ def infer_inputs(client: ModuleType, values: Mapping[str, object]) -> list:
             raise ValueError(f"{name!r} is not an input of {MODEL} (inputs: {known})")
         datatype = SPECULATIVE_INPUTS[name]
         encoded = value.encode() if isinstance(value, str) else value
-        values = list(encoded) if isinstance(encoded, list | tuple) else [encoded]
-        array = np.array(values, dtype=triton_to_np_dtype(datatype))
-        tensor = client.InferInput(name, [len(values)], datatype)
+        items = list(encoded) if isinstance(encoded, list | tuple) else [encoded]
+        array = np.array(items, dtype=triton_to_np_dtype(datatype))
+        tensor = client.InferInput(name, [len(items)], datatype)
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -69,6 +70,8 @@ class ServedDraft(nn.Module):
     """A draft whose logits are -inf outside the kept ids of its draft vocabulary (the kept
     ids' logits widened as the draft stage widens them, `draft_vocab.scatter_kept`)."""
 
+    index: torch.Tensor  # buffer: the kept ids
+
     def __init__(self, draft: Transformer, vocab: DraftVocab) -> None:
         super().__init__()
         self.draft = draft
@@ -105,7 +108,7 @@ def logit(p: torch.Tensor) -> torch.Tensor:
     return torch.log(p) - torch.log1p(-p)
 
 
-def _draft_probs(draft: Transformer, seq: dict) -> torch.Tensor:
+def _draft_probs(draft: nn.Module, seq: dict) -> torch.Tensor:
     """The draft's warped q at each answer position [answer_length, vocab]."""
     start = seq["prompt_length"] - 1
     logits = draft(seq["ids"][None])[0, start : start + seq["answer_length"]]
@@ -123,7 +126,7 @@ def summarize(accept: torch.Tensor, q_max: torch.Tensor) -> dict[str, float]:
 
 
 @torch.no_grad()
-def approx_acceptance(draft: Transformer, heldout: list[dict], limit: int = 24) -> dict:
+def approx_acceptance(draft: nn.Module, heldout: list[dict], limit: int = 24) -> dict:
     """`summarize` with p from the saved top-64 teacher logits (first `limit` sequences)."""
     accepts, q_maxes = [], []
     for seq in heldout[:limit]:
@@ -137,7 +140,7 @@ def approx_acceptance(draft: Transformer, heldout: list[dict], limit: int = 24) 
 
 
 @torch.no_grad()
-def exact_acceptance(draft: Transformer, target: Transformer, heldout: list[dict]) -> dict:
+def exact_acceptance(draft: nn.Module, target: Transformer, heldout: list[dict]) -> dict:
     """`summarize` with p from the target run on each held-out sequence, also per prompt kind."""
     accepts, q_maxes, kinds = [], [], []
     for seq in heldout:
@@ -149,7 +152,7 @@ def exact_acceptance(draft: Transformer, target: Transformer, heldout: list[dict
         q_maxes.append(q.max(-1).values)
         kinds += [seq["kind"]] * len(q)
     accept, q_max = torch.cat(accepts), torch.cat(q_maxes)
-    result = summarize(accept, q_max)
+    result: dict[str, Any] = summarize(accept, q_max)
     result["by_kind"] = {
         kind: summarize(accept[mask], q_max[mask])
         for kind in sorted(set(kinds))
@@ -178,7 +181,7 @@ class DraftChains:
 
 @torch.no_grad()
 def draft_chain(
-    draft: Transformer,
+    draft: nn.Module,
     target: Transformer,
     context: torch.Tensor,
     depth: int,
@@ -208,7 +211,7 @@ def draft_chain(
 
 @torch.no_grad()
 def draft_chains(
-    draft: Transformer,
+    draft: nn.Module,
     target: Transformer,
     heldout: list[dict],
     depth: int = 4,
@@ -229,7 +232,7 @@ def draft_chains(
 
 
 def acceptance_by_depth(
-    draft: Transformer,
+    draft: nn.Module,
     target: Transformer,
     heldout: list[dict],
     depth: int = 4,

@@ -159,12 +159,12 @@ def write_card(
 
 
 def disagreements(
-    card: Sequence[dict[str, float]], rerun: Sequence[dict[str, float]], sigmas: float = 4.0
+    card: Sequence[dict[str, Any]], rerun: Sequence[dict[str, Any]], sigmas: float = 4.0
 ) -> list[int]:
     """Positions where two acceptance tables differ by more than `sigmas` combined standard
     errors (sqrt(se_a^2 + se_b^2)); a position missing from either table counts as one."""
     by_position = {r["position"]: r for r in rerun}
-    bad = []
+    bad: list[int] = []
     for row in card:
         other = by_position.get(row["position"])
         if other is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -63,7 +64,7 @@ def write_report(target_dir: Path | str, work: Path | str, out: Path | str | Non
     draft, progress, vocab = load_checkpoint_draft(target, work)
     heldout = load_chunks(work / "heldout")
     served = served_draft(draft, vocab)
-    report = {
+    report: dict[str, Any] = {
         "training": progress,
         "parameters": draft.num_parameters(),
         "draft_vocab": None if vocab is None else len(vocab.token_ids),

@@ -70,7 +70,9 @@ def lr_at(fraction: float, peak: float, warmup: float = 0.03) -> float:
 def batches(sequences: list[dict], tokens_per_batch: int, rng: random.Random) -> Iterator[list]:
     """Shuffled batches of sequences of similar length, about `tokens_per_batch` tokens each."""
     order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]["ids"]))
-    groups, current, longest = [], [], 0
+    groups: list[list[dict]] = []
+    current: list[dict] = []
+    longest = 0
     for i in order:
         longest = max(longest, len(sequences[i]["ids"]))
         if current and longest * (len(current) + 1) > tokens_per_batch:

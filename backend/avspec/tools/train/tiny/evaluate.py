@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +18,9 @@ from avspec.engine.sampling import warp_probs
 from avspec.runtime.tokenizer import ByteTokenizer, Tokenizer
 from avspec.runtime.transformer import Transformer
 from avspec.tools.train.tiny.corpus import encode_files, heldout_prompts
+
+if TYPE_CHECKING:
+    from avspec.runtime.hf_tokenizer import HFTokenizer
 
 SAMPLE_PROMPTS = {"python": "def parse_args(argv):\n", "english": "The with statement is used to "}
 SAMPLE_TOKENS = 48
@@ -57,7 +61,7 @@ def bits_per_byte(
     return bits / num_bytes / math.log(2)
 
 
-def token_byte_lengths(tokenizer: Tokenizer) -> torch.Tensor:
+def token_byte_lengths(tokenizer: ByteTokenizer | HFTokenizer) -> torch.Tensor:
     """UTF-8 bytes each token id spells [vocab] int64: an end-of-text token counts one byte
     (as in the byte-level pair, where EOS is one symbol)."""
     if isinstance(tokenizer, ByteTokenizer):
@@ -103,7 +107,7 @@ def warp(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor
     """
     rows = logits if logits.dim() == 3 else logits[:, None]  # [batch, position, vocab]
     n = rows.shape[0]
-    settings = {"device": logits.device, "dtype": torch.float32}
+    settings: dict[str, Any] = {"device": logits.device, "dtype": torch.float32}
     probs = warp_probs(
         rows.float(), torch.full((n,), temperature, **settings), torch.full((n,), top_p, **settings)
     )
@@ -166,14 +170,14 @@ def report(
     target: Transformer,
     held_out: Sequence[tuple[str, str]],
     seed: int,
-    tokenizer: Tokenizer,
+    tokenizer: ByteTokenizer | HFTokenizer,
     prompt_tokens: int = 40,
 ) -> dict:
     """Held-out bits/byte, acceptance curves (code, prose; prompts of `prompt_tokens`), sampled
     and greedy continuations of both models."""
     held_out_ids = encode_files(held_out, tokenizer)
     lengths = token_byte_lengths(tokenizer)
-    result = {
+    result: dict[str, Any] = {
         "held_out_bpb": {
             name: bits_per_byte(model, held_out_ids, 256, byte_lengths=lengths)
             for name, model in (("target", target), ("draft", draft))

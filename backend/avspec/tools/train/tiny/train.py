@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,12 @@ from avspec.tools.train.tiny.evaluate import bits_per_byte, distillation_kl, hel
 
 VOCAB_SIZE = 4096  # the byte-level BPE of `avspec.tools.train.tiny.bpe`
 MAX_LENGTH = 512  # max_position_embeddings: the entry's default max_context
-_LLAMA = {"vocab_size": VOCAB_SIZE, "max_length": MAX_LENGTH, "mlp": "swiglu", "norm_eps": 1e-5}
+_LLAMA: dict[str, Any] = {
+    "vocab_size": VOCAB_SIZE,
+    "max_length": MAX_LENGTH,
+    "mlp": "swiglu",
+    "norm_eps": 1e-5,
+}
 # Standard LlamaForCausalLM shapes (SwiGLU, RMSNorm, RoPE, tied embeddings, grouped-query
 # attention with one key/value head). The target is sized for a verify cost per token several
 # times the draft's per row (docs/benchmarks.md has the measured ratio).
