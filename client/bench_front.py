@@ -200,14 +200,16 @@ def bench_real(args: argparse.Namespace) -> dict:
     import tempfile
 
     from avspec.serving.host.server_process import ServerProcess, free_port
+    from avspec.serving.host.settings import ServeSettings
 
     body = {"text_input": "def main(", "max_tokens": 8, "temperature": 0.0}
     rows: dict[str, dict[str, list[float]]] = {"direct": {}, "after": {}}
     with (
         tempfile.TemporaryDirectory() as tmp,
         ServerProcess(
-            ROOT / "model_repository", free_port(), free_port(), free_port(),
-            log_path=Path(tmp) / "triton.log",
+            ServeSettings.for_repository(
+                ROOT / "model_repository", [free_port() for _ in range(3)], Path(tmp) / "triton.log"
+            )
         ) as server,
     ):  # fmt: skip
         upstream = f"unix:{server.http_socket}"

@@ -222,6 +222,7 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> str:
     `chat_template.jinja`. Returns the front's HTTP URL."""
     from avspec.serving.host.host_costs import resolve_for_repository
     from avspec.serving.host.server_process import ServerProcess, free_port
+    from avspec.serving.host.settings import ServeSettings
     from avspec.serving.repository import copy_repository
 
     work = args.out.parent / "server"
@@ -244,7 +245,8 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> str:
         print(line, flush=True)  # this host's cost tables, as the launcher gives them
     repository = copy_repository(args.model_repository, work / "model_repository", overrides)
     ports = [free_port() for _ in range(3)]
-    server = ServerProcess(repository, *ports, log_path=work / "tritonserver.log")
+    log = work / "tritonserver.log"
+    server = ServerProcess(ServeSettings.for_repository(repository, ports, log))
     stack.enter_context(server)
     return server.http_url
 

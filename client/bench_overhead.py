@@ -35,6 +35,7 @@ from avspec.engine.step import SpeculativeStep
 from avspec.runtime.model_dir import load_tokenizer
 from avspec.runtime.tokenizer import Tokenizer
 from avspec.serving.host.server_process import ServerProcess
+from avspec.serving.host.settings import ServeSettings
 from avspec.serving.stages.metrics import metric_value, parse_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,12 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         sequences, MAX_LENGTH, "cpu", cost=cost,
     )  # fmt: skip
     tokenizer = load_tokenizer(ROOT / "models" / "target")
-    http, grpc, metrics = (int(p) for p in args.ports.split(","))
+    ports = [int(p) for p in args.ports.split(",")]
     rows = []
     with (
         tempfile.TemporaryDirectory() as log_dir,
-        ServerProcess(ROOT / "model_repository", http, grpc, metrics,
-                      log_path=Path(log_dir) / "triton.log") as server,
+        ServerProcess(ServeSettings.for_repository(
+            ROOT / "model_repository", ports, Path(log_dir) / "triton.log")) as server,
     ):  # fmt: skip
         through_triton(server, prompts[:1], 8, args.draft_tokens)  # warm-up
         in_process(step, tokenizer, prompts[:1], 8, args.draft_tokens)

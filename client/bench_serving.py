@@ -368,6 +368,7 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     """Start a server on a copy of --model-repository (snapshot in --out); return its URLs."""
     from avspec.serving.host.host_costs import resolve_for_repository
     from avspec.serving.host.server_process import ServerProcess, free_port
+    from avspec.serving.host.settings import ServeSettings
     from avspec.serving.repository import copy_repository
 
     work = args.out / "server"
@@ -389,7 +390,7 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
         print(line, flush=True)  # this host's cost tables, as the launcher gives them
     repo = copy_repository(args.model_repository, work / "model_repository", overrides)
     ports = [free_port() for _ in range(3)]
-    server = ServerProcess(repo, *ports, log_path=work / "tritonserver.log")
+    server = ServerProcess(ServeSettings.for_repository(repo, ports, work / "tritonserver.log"))
     stack.enter_context(server)
     return server.grpc_url, server.metrics_url
 

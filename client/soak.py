@@ -40,6 +40,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from avspec.serving.host.server_process import ServerProcess, free_port
+from avspec.serving.host.settings import ServeSettings
 from avspec.tools.bench.soak.drain import wait_drained
 from avspec.tools.bench.soak.load import Endpoints, Tally, join_loops, start_loops
 from avspec.tools.bench.soak.memory import (
@@ -128,7 +129,7 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> ServerProcess:
         print(line, flush=True)  # this host's cost tables, as the launcher gives them
     repo = copy_repository(args.model_repository, work / "model_repository", overrides)
     ports = [free_port() for _ in range(3)]
-    server = ServerProcess(repo, *ports, log_path=work / "tritonserver.log")
+    server = ServerProcess(ServeSettings.for_repository(repo, ports, work / "tritonserver.log"))
     stack.enter_context(server)
     return server
 

@@ -19,6 +19,13 @@ from avspec.av.cost_table import CostTable
 from avspec.av.step_cost import StepCost
 from avspec.runtime.transformer import Transformer
 from avspec.serving.host.server_process import ServerProcess, free_port
+from avspec.serving.host.settings import (
+    ModelSettings,
+    NetworkSettings,
+    SecuritySettings,
+    ServeSettings,
+    TritonSettings,
+)
 from avspec.serving.repository import copy_repository
 from avspec.serving.stages.metrics import metric_value, parse_metrics
 from helpers import ROOT
@@ -182,13 +189,12 @@ def start_test_server(tmp: Path) -> ServerProcess:
     repository, target_dir = write_test_repository(tmp)
     log = tmp / "tritonserver.log"
     process = ServerProcess(
-        repository,
-        free_port(),
-        free_port(),
-        free_port(),
-        exit_timeout_s=5,
-        log_path=log,
-        admin_key=ADMIN_KEY,
+        ServeSettings(
+            ModelSettings((repository,)),
+            NetworkSettings(free_port(), free_port(), free_port()),
+            TritonSettings(exit_timeout_s=5, log_path=log),
+            SecuritySettings(admin_key=ADMIN_KEY),
+        )
     )
     try:
         process.start()

@@ -32,6 +32,12 @@ from avspec.runtime.model_dir import load_tokenizer  # noqa: E402
 from avspec.serving.host import launcher  # noqa: E402
 from avspec.serving.host.model_pair import prepare_pair, shared_pool_overrides  # noqa: E402
 from avspec.serving.host.server_process import ServerProcess, free_port  # noqa: E402
+from avspec.serving.host.settings import (  # noqa: E402
+    ModelSettings,
+    NetworkSettings,
+    ServeSettings,
+    TritonSettings,
+)
 from avspec.serving.repository import copy_repository  # noqa: E402
 
 pytestmark = pytest.mark.serving
@@ -77,7 +83,11 @@ def hf_server(tmp_path_factory: pytest.TempPathFactory):
     copy = copy_repository(repository, tmp / "model_repository", overrides)
     log = tmp / "tritonserver.log"
     process = ServerProcess(
-        copy, free_port(), free_port(), free_port(), exit_timeout_s=5, log_path=log
+        ServeSettings(
+            ModelSettings((copy,)),
+            NetworkSettings(free_port(), free_port(), free_port()),
+            TritonSettings(exit_timeout_s=5, log_path=log),
+        )
     )
     try:
         process.start()

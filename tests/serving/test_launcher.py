@@ -17,6 +17,12 @@ from helpers.server import live_processes, wait_for_line
 
 from avspec.serving.host import launcher
 from avspec.serving.host.server_process import ServerProcess, free_port
+from avspec.serving.host.settings import (
+    ModelSettings,
+    NetworkSettings,
+    ServeSettings,
+    TritonSettings,
+)
 from avspec.serving.host.supervisor import find_stubs
 
 
@@ -97,15 +103,15 @@ def test_two_repositories_a_config_name_and_a_load_list(tmp_path: Path) -> None:
         config + 'parameters { key: "variant" value: { string_value: "gpu" } }\n'
     )
     server = ServerProcess(
-        tmp_path / "first",
-        free_port(),
-        free_port(),
-        free_port(),
-        exit_timeout_s=5,
-        log_path=tmp_path / "triton.log",
-        extra_repositories=[second],
-        model_config_name="gpu",
-        load_models=["stage", "speculative"],
+        ServeSettings(
+            ModelSettings(
+                (tmp_path / "first", second),
+                load_models=["stage", "speculative"],
+                model_config_name="gpu",
+            ),
+            NetworkSettings(free_port(), free_port(), free_port()),
+            TritonSettings(exit_timeout_s=5, log_path=tmp_path / "triton.log"),
+        )
     )
     with server:
         assert server.supervisor.models == ["speculative", "stage"]

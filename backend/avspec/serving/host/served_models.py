@@ -55,3 +55,20 @@ def locate_models(repositories: Sequence[Path], models: Iterable[str]) -> dict[s
             raise ValueError(f"model {model!r} is in {where} the repositories ({names})")
         homes[model] = found[0]
     return homes
+
+
+def models_to_load(
+    repositories: Sequence[Path], load_models: Sequence[str] | None = None
+) -> tuple[list[str], dict[str, Path]]:
+    """The models a server loads (`load_models`, or every model of `repositories`) and the
+    repository of each; ValueError for a repository that is not a directory, no model at all,
+    or a model in none or in several of the repositories."""
+    for repository in repositories:
+        if not repository.is_dir():
+            raise ValueError(f"model repository {repository} is not a directory")
+    every = [m for r in repositories for m in repository_models(r)]
+    models = list(load_models) if load_models is not None else sorted(every)
+    if not models:
+        names = ", ".join(str(r) for r in repositories)
+        raise ValueError(f"no model (*/config.pbtxt) to load in {names}")
+    return models, locate_models(repositories, models)

@@ -27,31 +27,21 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from avspec.serving.front import Front, FrontConfig, generate_schema_from_config
-from avspec.serving.front.config import Access
+from avspec.serving.front import Front
 from avspec.serving.host.cleanup import clean_leftovers, remove_regions, shm_prefix
 from avspec.serving.host.process_group import kill_group, signals_held, terminate
-from avspec.serving.host.sandbox import (
-    ServerUser,
-    sandbox_command,
-    server_user,
-)
-from avspec.serving.host.served_models import (
-    locate_models,
-    model_config_file,
-    repository_models,
-    runs_on_python_backend,
-)
+from avspec.serving.host.public_front import front_config
+from avspec.serving.host.sandbox import ServerUser, sandbox_command, server_user
+from avspec.serving.host.served_models import models_to_load, runs_on_python_backend
 from avspec.serving.host.server_files import grant_writable, sandbox_paths, server_files, unreadable
-from avspec.serving.host.supervisor import StageSupervisor
+from avspec.serving.host.settings import ServeSettings
+from avspec.serving.host.supervisor import StageHooks, StageSupervisor
 from avspec.serving.host.triton_api import TritonAPI, TritonAPIError
 from avspec.serving.host.triton_command import TritonCommand, grpc_socket, http_socket
 from avspec.serving.host.triton_env import TritonInstall, prepare_backend_directory
-from avspec.serving.repository import served_tokenizer_dir
 
 
 class ServerError(RuntimeError):
@@ -69,92 +59,46 @@ class ServerProcess:
     """A running tritonserver on model repositories; use as a context manager.
 
     `start()` returns once every model to load is ready and the front listens, or raises
-    ServerError (server exited, or not ready within `ready_timeout_s`). `stop()` sends SIGTERM,
-    then SIGKILL to the whole process group after `exit_timeout_s` + 10 s.
+    ServerError (server exited, or not ready within the settings' `ready_timeout_s`). `stop()`
+    sends SIGTERM, then SIGKILL to the whole process group after `exit_timeout_s` + 10 s.
 
-    http_port, grpc_port and metrics_port are the front's public ports on `host`; tritonserver's
-    own HTTP and gRPC are Unix sockets in the run directory (`triton_api`), its metrics a free
-    loopback port. `access`: API keys, Host names and prompt rules of the front (FrontConfig's
-    `Access`). `admin_key`: the operator's key for the admin APIs (None: closed, and no key
-    exists). `public_model`: the one model clients may run; its configuration gives the front
-    the generate body's schema. `user`: who tritonserver runs as when started by root ("NAME",
-    "UID[:GID]", None for avspec.serving.host.sandbox.DEFAULT_SERVER_USER, "root" to stay root);
-    ignored (the caller's user) otherwise.
-
-    Which server (all keyword options; the defaults are the CPU deployment): `tritonserver`, a
-    path or a name on PATH (None: the wheel's, run with the wheel's environment; another one
-    runs in this environment as is, but for `cpu_threads`); `backend_directory`, used as is
-    (None: assembled from the wheel for its server, tritonserver's own default otherwise);
-    `extra_repositories`, served with `model_repository`; `model_config_name`
-    (`--model-config-name`); `load_models`, the models to load (None: every model of the
-    repositories). The supervisor watches the loaded Python-backend models of every repository.
+    Everything comes from `settings` (avspec.serving.host.settings.ServeSettings): the front's
+    public ports on `network.host` (tritonserver's own HTTP and gRPC are Unix sockets in the run
+    directory, `triton_api`, its metrics a free loopback port); the front's `security.access`
+    and the operator's `security.admin_key` (None: the admin APIs stay closed); who
+    tritonserver runs as when started by root (`security.user`; ignored otherwise); which
+    server (`server`) and what it loads (`models`). The supervisor watches the loaded
+    Python-backend models of every repository. `http_port`, `grpc_port` and `metrics_port`
+    are the ports the front listens on once started (a 0 in the settings: a free one).
     """
 
-    def __init__(
-        self,
-        model_repository: str | Path,
-        http_port: int = 8000,
-        grpc_port: int = 8001,
-        metrics_port: int = 8002,
-        log_verbose: int = 0,
-        exit_timeout_s: int = 10,
-        ready_timeout_s: float = 300.0,
-        log_path: str | Path | None = None,
-        cpu_threads: int | None = 1,
-        *,
-        host: str = "127.0.0.1",
-        admin_key: str | None = None,
-        access: Access | None = None,
-        max_body_bytes: int = 1 << 20,
-        public_model: str = "speculative",
-        supervise: bool = True,
-        tritonserver: str | Path | None = None,
-        backend_directory: str | Path | None = None,
-        extra_repositories: Sequence[str | Path] = (),
-        model_config_name: str | None = None,
-        load_models: Sequence[str] | None = None,
-        user: str | None = None,
-    ) -> None:
+    def __init__(self, settings: ServeSettings) -> None:
+        self.settings = settings
         try:
-            self.user: ServerUser | None = server_user(user)
+            self.user: ServerUser | None = server_user(settings.security.user)
         except ValueError as err:
             raise ServerError(str(err)) from None
-        self.model_repositories = tuple(
-            Path(r).resolve() for r in (model_repository, *extra_repositories)
-        )
-        for repository in self.model_repositories:
-            if not repository.is_dir():
-                raise ServerError(f"model repository {repository} is not a directory")
+        self.model_repositories = settings.models.repositories
         self.model_repository = self.model_repositories[0]
-        self.load_models = tuple(load_models) if load_models is not None else None
-        every = [m for r in self.model_repositories for m in repository_models(r)]
-        self.models = list(self.load_models) if self.load_models is not None else sorted(every)
-        if not self.models:
-            names = ", ".join(str(r) for r in self.model_repositories)
-            raise ServerError(f"no model (*/config.pbtxt) to load in {names}")
+        self.load_models = settings.models.load_models
         try:
-            self.model_homes = locate_models(self.model_repositories, self.models)
+            self.models, self.model_homes = models_to_load(
+                self.model_repositories, self.load_models
+            )
         except ValueError as err:
             raise ServerError(str(err)) from None
-        self.model_config_name = model_config_name
+        self.model_config_name = settings.models.model_config_name
         try:
-            self.triton = TritonInstall.find(tritonserver, backend_directory)
+            self.triton = TritonInstall.find(
+                settings.server.tritonserver, settings.server.backend_directory
+            )
         except ImportError as err:
             raise ServerError(f"{err}: the bundled tritonserver needs nvidia-pytriton") from None
         except FileNotFoundError as err:
             raise ServerError(str(err)) from None
-        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
-        self.log_verbose = log_verbose
-        self.exit_timeout_s = exit_timeout_s
-        self.ready_timeout_s = ready_timeout_s
-        self.log_path = Path(log_path) if log_path is not None else None
-        self.cpu_threads = cpu_threads
-        self.host = host
-        self.admin_key = admin_key
-        self.access = access or Access()
-        self.max_body_bytes = max_body_bytes
-        self.public_model = public_model
-        self.supervise = supervise
+        network = settings.network
+        self.http_port, self.grpc_port = network.http_port, network.grpc_port
+        self.metrics_port = network.metrics_port
         self.internal_metrics_port = 0
         self.process: subprocess.Popen | None = None
         self.front: Front | None = None
@@ -164,6 +108,28 @@ class ServerProcess:
         self._serving = False  # tritonserver up and every model ready (False while restarting)
         self._exposed: list[Path] = []  # what the server's user is shown in its sandbox
         self._writable: list[Path] = []  # ... and may write there (the snapshot directories)
+
+    @property
+    def host(self) -> str:
+        """The address of the front's public ports."""
+        return self.settings.network.host
+
+    @property
+    def public_model(self) -> str:
+        return self.settings.models.public_model
+
+    @property
+    def admin_key(self) -> str | None:
+        return self.settings.security.admin_key
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.settings.network.max_body_bytes
+
+    @property
+    def log_path(self) -> Path | None:
+        """tritonserver's log (None: this process's output)."""
+        return self.settings.server.log_path
 
     @property
     def http_url(self) -> str:
@@ -201,16 +167,13 @@ class ServerProcess:
         """Return the tritonserver command line (no `--backend-directory` for None)."""
         return TritonCommand(
             binary=self.triton.binary,
-            repositories=self.model_repositories,
+            models=self.settings.models,
+            server=self.settings.server,
             run_dir=self._run_path(),
             metrics_port=self.internal_metrics_port,
             # regions named after this launcher, so the next start can tell its leftovers
             shm_region_prefix=shm_prefix(os.getpid()),
-            exit_timeout_s=self.exit_timeout_s,
-            log_verbose=self.log_verbose,
             backend_directory=backend_directory,
-            model_config_name=self.model_config_name,
-            load_models=self.load_models,
         ).argv()
 
     def start(self) -> ServerProcess:
@@ -271,7 +234,7 @@ class ServerProcess:
             raise ServerError(str(err)) from None
 
     def _launch(self) -> None:
-        environment = self.triton.environment(self.cpu_threads)
+        environment = self.triton.environment(self.settings.server.cpu_threads)
         if self._drops_privileges:
             environment["HOME"] = str(self.run_dir)  # root's home is not the server user's
         # through the sandbox (a no-op but for the parent-death signal when the launcher is in
@@ -313,16 +276,18 @@ class ServerProcess:
         return Path(os.path.commonpath(self.model_repositories))
 
     def _start_supervisor(self) -> None:
-        if not self.supervise:
+        if not self.settings.server.supervise:
             return
         supervised = self.supervised_models()
         self.supervisor = StageSupervisor(
             self.process.pid,
             self._stub_root(),
             supervised,
-            reload=self.reload_model,
-            is_loaded=lambda model: self.triton_api.ok(f"/v2/models/{model}/ready"),
-            on_dead=self._on_dead_stage,
+            StageHooks(
+                reload=self.reload_model,
+                is_loaded=lambda model: self.triton_api.ok(f"/v2/models/{model}/ready"),
+                on_dead=self._on_dead_stage,
+            ),
             followers={self.public_model: [m for m in supervised if m != self.public_model]},
         ).start()
 
@@ -330,27 +295,15 @@ class ServerProcess:
         home = self.model_homes.get(self.public_model)
         if home is None:
             raise ServerError(f"public model {self.public_model!r} is not among the models loaded")
-        config_file = model_config_file(home / self.public_model, self.model_config_name)
-        self.front = Front(
-            FrontConfig(
-                host=self.host,
-                http_port=self.http_port,
-                grpc_port=self.grpc_port,
-                upstream_http=f"unix:{self.http_socket}",
-                upstream_grpc=f"unix:{self.grpc_socket}",
-                admin_key=self.admin_key,
-                public_models=(self.public_model,),
-                internal_models=tuple(m for m in self.models if m != self.public_model),
-                upstream_metrics=f"127.0.0.1:{self.internal_metrics_port}",
-                metrics_port=self.metrics_port,
-                generate_schema=generate_schema_from_config(config_file.read_text()),
-                max_body_bytes=self.max_body_bytes,
-                ready=self.stages_ready,
-                # the OpenAI routes decode and template with the pair's tokenizer (issue 22)
-                tokenizer_dir=served_tokenizer_dir(home / self.public_model),
-                access=self.access,
-            )
-        ).start()
+        config = front_config(
+            self.settings,
+            self.models,
+            home,
+            self._run_path(),
+            self.internal_metrics_port,
+            self.stages_ready,
+        )
+        self.front = Front(config).start()
         self.http_port, self.grpc_port = self.front.http_port, self.front.grpc_port
         self.metrics_port = self.front.metrics_port
 
@@ -405,7 +358,8 @@ class ServerProcess:
 
     def wait_ready(self) -> None:
         """Poll until the server and every model answer ready; raise ServerError otherwise."""
-        deadline = time.monotonic() + self.ready_timeout_s
+        timeout_s = self.settings.server.ready_timeout_s
+        deadline = time.monotonic() + timeout_s
         pending = ["/v2/health/ready"] + [f"/v2/models/{m}/ready" for m in self.models]
         while pending:
             code = self.process.poll() if self.process is not None else -1
@@ -416,7 +370,7 @@ class ServerProcess:
                 )
             if time.monotonic() > deadline:
                 raise ServerError(
-                    f"tritonserver not ready after {self.ready_timeout_s:.0f} s "
+                    f"tritonserver not ready after {timeout_s:.0f} s "
                     f"(still waiting for {pending[0]})"
                 )
             if self.triton_api.ok(pending[0]):
@@ -427,7 +381,7 @@ class ServerProcess:
     def repository_action(self, model: str, action: str) -> None:
         """POST `load` or `unload` for `model` to the repository API; ServerError on failure."""
         try:
-            self.triton_api.repository_action(model, action, self.ready_timeout_s)
+            self.triton_api.repository_action(model, action, self.settings.server.ready_timeout_s)
         except TritonAPIError as err:
             raise ServerError(str(err)) from None
 
@@ -455,7 +409,7 @@ class ServerProcess:
                         part.stop()
                 self.front = self.supervisor = None
                 if process is not None:
-                    code = terminate(process, self.exit_timeout_s + 10)
+                    code = terminate(process, self.settings.server.exit_timeout_s + 10)
             finally:
                 if process is not None:
                     kill_group(process.pid)

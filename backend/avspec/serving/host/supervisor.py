@@ -105,6 +105,20 @@ def _parse_stub(pid: int, start_time: int, argv: list[str]) -> Stub | None:
     return Stub(pid, start_time, model, argv[at + 2], Path(argv[at + 1]))
 
 
+def _no_one_told(model: str) -> None:
+    """The default `on_dead`: nobody to tell."""
+
+
+@dataclass(frozen=True)
+class StageHooks:
+    """What the supervisor asks of the server: `reload(model)` (unload + load), `is_loaded(model)`
+    (Triton calls it loaded), and `on_dead(model)`, told when a model's stub died."""
+
+    reload: Callable[[str], None]
+    is_loaded: Callable[[str], bool]
+    on_dead: Callable[[str], None] = _no_one_told
+
+
 class StageSupervisor:
     """Polls the stubs of `models` and reloads a model whose stub died (module docstring)."""
 
@@ -113,9 +127,7 @@ class StageSupervisor:
         server_pid: int,
         repository: Path,
         models: Iterable[str],
-        reload: Callable[[str], None],
-        is_loaded: Callable[[str], bool],
-        on_dead: Callable[[str], None] = lambda model: None,
+        hooks: StageHooks,
         followers: Mapping[str, Iterable[str]] | None = None,
         interval_s: float = 0.5,
         shm_dir: Path = Path("/dev/shm"),
@@ -123,9 +135,9 @@ class StageSupervisor:
         self.server_pid = server_pid
         self.repository = Path(repository)
         self.models = sorted(models)
-        self.reload = reload
-        self.is_loaded = is_loaded
-        self.on_dead = on_dead
+        self.reload = hooks.reload
+        self.is_loaded = hooks.is_loaded
+        self.on_dead = hooks.on_dead
         self.followers = {model: list(after) for model, after in (followers or {}).items()}
         self.interval_s = interval_s
         self.shm_dir = shm_dir

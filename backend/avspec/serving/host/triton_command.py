@@ -9,11 +9,11 @@ leftovers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from avspec.serving.exposure import triton_flags
+from avspec.serving.host.settings import ModelSettings, TritonSettings
 
 GRPC_SOCKET_PORT = 1  # Triton names its gRPC socket "<address>:<port>"; otherwise unused
 
@@ -30,18 +30,19 @@ def grpc_socket(run_dir: Path) -> Path:
 
 @dataclass(frozen=True)
 class TritonCommand:
-    """What the command line says; `argv()` writes it."""
+    """What the command line says; `argv()` writes it.
+
+    `models`: the repositories, the config name and the models to load (None: every model of
+    the repositories); `server`: the exit timeout and verbosity.
+    """
 
     binary: Path
-    repositories: Sequence[Path]
+    models: ModelSettings
+    server: TritonSettings
     run_dir: Path  # the sockets' directory
     metrics_port: int  # on 127.0.0.1
     shm_region_prefix: str
-    exit_timeout_s: int
-    log_verbose: int = 0
     backend_directory: Path | None = None  # None: tritonserver's own default
-    model_config_name: str | None = None
-    load_models: Sequence[str] | None = None  # None: every model of the repositories
 
     @property
     def http_socket(self) -> Path:
@@ -52,15 +53,16 @@ class TritonCommand:
         return grpc_socket(self.run_dir)
 
     def argv(self) -> list[str]:
-        if self.load_models is None:
+        models = self.models
+        if models.load_models is None:
             loads = ["--load-model=*"]
         else:
-            loads = [f"--load-model={model}" for model in self.load_models]
+            loads = [f"--load-model={model}" for model in models.load_models]
         backends = self.backend_directory
-        config_name = self.model_config_name
+        config_name = models.model_config_name
         return [
             str(self.binary),
-            *(f"--model-repository={r}" for r in self.repositories),
+            *(f"--model-repository={r}" for r in models.repositories),
             *([f"--backend-directory={backends}"] if backends else []),
             *([f"--model-config-name={config_name}"] if config_name else []),
             "--model-control-mode=explicit",
@@ -75,6 +77,6 @@ class TritonCommand:
             "--metrics-address=127.0.0.1",
             f"--metrics-port={self.metrics_port}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_region_prefix}",
-            f"--exit-timeout-secs={self.exit_timeout_s}",
-            f"--log-verbose={self.log_verbose}",
+            f"--exit-timeout-secs={self.server.exit_timeout_s}",
+            f"--log-verbose={self.server.log_verbose}",
         ]

@@ -1,6 +1,6 @@
-"""The launcher's own logic without a server (avspec.serving.host.launcher): the restart loop, how
-the operator's key reaches the sandboxed launcher, and .gguf models converted before the pair
-check and before the launcher re-executes itself."""
+"""The launcher's own logic without a server (avspec.serving.host.launcher and its parts): the
+restart loop (serve), how the operator's key reaches the sandboxed launcher (keys, settings), and
+.gguf models converted before the pair check and before the launcher re-executes itself."""
 
 from __future__ import annotations
 
@@ -11,10 +11,13 @@ import pytest
 from helpers.gguf_files import TinyLlama, llama_weights, write_llama_gguf
 
 from avspec.serving.exposure import ADMIN_KEY_ENV, API_KEYS_ENV
-from avspec.serving.host import launcher
+from avspec.serving.host import launcher, serve, served_repository
+from avspec.serving.host.cli import parse_args
+from avspec.serving.host.keys import ADMIN_KEY_FD_ENV, Secrets, pipe_secrets
 from avspec.serving.host.restart import RestartBudget
 from avspec.serving.host.sandbox import SANDBOXED_ENV, ServerUser
 from avspec.serving.host.server_process import ServerError
+from avspec.serving.host.settings import ServeSettings
 
 KEY = "operator-key-0123456789"
 
@@ -53,7 +56,7 @@ def test_a_dying_server_is_restarted_until_the_budget_is_spent(
 ) -> None:
     server = FakeServer(failing={2})
     budget = RestartBudget(max_restarts=3, window_s=600, first_delay_s=0, max_delay_s=0)
-    code = launcher._keep_serving(server, budget)
+    code = serve.keep_serving(server, budget)
     assert code == -6 and server.restarts == 3  # the third restart's death spent the budget
     err = capsys.readouterr().err
     assert err.count("restarting in") == 3 and "restart failed: not ready" in err
@@ -63,7 +66,7 @@ def test_a_dying_server_is_restarted_until_the_budget_is_spent(
 
 def test_no_restart_allowed_exits_with_the_server(capsys: pytest.CaptureFixture) -> None:
     server = FakeServer()
-    assert launcher._keep_serving(server, RestartBudget(max_restarts=0)) == -9
+    assert serve.keep_serving(server, RestartBudget(max_restarts=0)) == -9
     assert server.restarts == 0 and "giving up" in capsys.readouterr().err
 
 
@@ -72,23 +75,24 @@ def test_the_key_crosses_the_exec_through_a_pipe_and_leaves_no_trace(
 ) -> None:
     """The sandboxed launcher reads the key from the inherited pipe, closes it, and the
     environment names neither the key nor the pipe afterwards."""
-    given = launcher.Secrets(KEY, (("alice", "alice-key-0123"),))
-    read_end = launcher._pipe_secrets(given)
-    monkeypatch.setenv(launcher.ADMIN_KEY_FD_ENV, str(read_end))
+    given = Secrets(KEY, (("alice", "alice-key-0123"),))
+    read_end = pipe_secrets(given)
+    monkeypatch.setenv(ADMIN_KEY_FD_ENV, str(read_end))
     monkeypatch.setenv(ADMIN_KEY_ENV, "ignored-because-the-pipe-wins-0123")
     monkeypatch.setenv(API_KEYS_ENV, "ignored-because-the-pipe-wins")
-    args = launcher.parse_args(["--model-repository", "x"])
-    assert launcher._secrets(args) == given
-    assert launcher.ADMIN_KEY_FD_ENV not in os.environ
+    args = parse_args(["--model-repository", "x"])
+    assert ServeSettings.from_args(args, os.environ).security.secrets() == given
+    assert ADMIN_KEY_FD_ENV not in os.environ
     with pytest.raises(OSError):
         os.fstat(read_end)  # closed
 
 
 def test_the_key_variable_is_removed_once_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(launcher.ADMIN_KEY_FD_ENV, raising=False)
+    monkeypatch.delenv(ADMIN_KEY_FD_ENV, raising=False)
     monkeypatch.setenv(ADMIN_KEY_ENV, KEY)
     monkeypatch.setenv(API_KEYS_ENV, "alice alice-key-0123, bob-key-4567")
-    secrets = launcher._secrets(launcher.parse_args(["--model-repository", "x"]))
+    settings = ServeSettings.from_args(parse_args(["--model-repository", "x"]), os.environ)
+    secrets = settings.security.secrets()
     assert secrets.admin_key == KEY and secrets.api_keys[0] == ("alice", "alice-key-0123")
     assert secrets.api_keys[1][1] == "bob-key-4567"  # named by its hash's start
     assert ADMIN_KEY_ENV not in os.environ and API_KEYS_ENV not in os.environ
@@ -109,7 +113,7 @@ def test_a_gguf_target_reaches_the_pair_check_as_its_converted_directory(
     """`--target-model x.gguf`: converted under --gguf-cache before `prepare_pair`, which gets
     the directory; a directory given as the draft is passed on as it is."""
     monkeypatch.delenv(ADMIN_KEY_ENV, raising=False)
-    monkeypatch.delenv(launcher.ADMIN_KEY_FD_ENV, raising=False)
+    monkeypatch.delenv(ADMIN_KEY_FD_ENV, raising=False)
     gguf = _tiny_gguf(tmp_path / "target.gguf")
     draft = tmp_path / "draft"
     draft.mkdir()
@@ -119,7 +123,7 @@ def test_a_gguf_target_reaches_the_pair_check_as_its_converted_directory(
         seen.update(repository=repository, draft=draft_dir, target=target_dir)
         raise _Stop("stub pair check")
 
-    monkeypatch.setattr(launcher, "prepare_pair", prepare_pair)
+    monkeypatch.setattr(served_repository, "prepare_pair", prepare_pair)
     cache = tmp_path / "cache"
     argv = ["--model-repository", str(tmp_path / "repo"), "--gguf-cache", str(cache)]
     argv += ["--draft-model", str(draft), "--target-model", str(gguf)]
@@ -138,34 +142,35 @@ def test_the_reexecuted_launcher_gets_the_converted_directory(
     """Started as root, the launcher converts before it drops root: the sandbox's paths and
     the re-executed command line name the converted directory, never the .gguf file."""
     monkeypatch.delenv(ADMIN_KEY_ENV, raising=False)
-    monkeypatch.delenv(launcher.ADMIN_KEY_FD_ENV, raising=False)
+    monkeypatch.delenv(ADMIN_KEY_FD_ENV, raising=False)
     monkeypatch.delenv(SANDBOXED_ENV, raising=False)
     gguf = _tiny_gguf(tmp_path / "target.gguf")
-    monkeypatch.setattr(launcher, "server_user", lambda spec: ServerUser(10001, 10001))
+    monkeypatch.setattr(serve, "server_user", lambda spec: ServerUser(10001, 10001))
     reexecuted = []
 
-    def reexec(args: object, user: ServerUser, admin_key: str | None) -> None:
-        reexecuted.append(args)
+    def reexec(settings: ServeSettings, user: ServerUser) -> None:
+        reexecuted.append(settings)
         raise OSError("exec stubbed")
 
-    monkeypatch.setattr(launcher, "_reexec_sandboxed", reexec)
+    monkeypatch.setattr(serve, "reexec_sandboxed", reexec)
     argv = ["--model-repository", "repo", "--target-model", str(gguf)]
-    args = launcher.parse_args([*argv, "--gguf-cache", str(tmp_path / "cache")])
-    args.reexec = True
-    assert launcher._serve(args) == 1
+    args = parse_args([*argv, "--gguf-cache", str(tmp_path / "cache")])
+    assert serve.serve(ServeSettings.from_args(args, os.environ), reexec=True) == 1
     (given,) = reexecuted
-    assert given.target_model.is_dir() and given.target_model.name == "bfloat16"
-    again = launcher.parse_args(given.argv)  # what the sandboxed launcher parses
-    assert again.target_model == given.target_model and again.draft_model is None
-    assert launcher.convert_gguf_models(again) is None and again.argv == given.argv
+    target = given.pair.target_model
+    assert target.is_dir() and target.name == "bfloat16"
+    again = parse_args(list(given.argv))  # what the sandboxed launcher parses
+    assert again.target_model == target and again.draft_model is None
+    settings = ServeSettings.from_args(again, os.environ)  # and makes its settings of
+    assert settings.pair.target_model == target and settings.argv == given.argv
 
 
 def test_a_bad_gguf_model_exits_1_with_the_reason(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     monkeypatch.delenv(ADMIN_KEY_ENV, raising=False)
-    monkeypatch.delenv(launcher.ADMIN_KEY_FD_ENV, raising=False)
-    monkeypatch.setattr(launcher, "prepare_pair", pytest.fail)  # never reached
+    monkeypatch.delenv(ADMIN_KEY_FD_ENV, raising=False)
+    monkeypatch.setattr(served_repository, "prepare_pair", pytest.fail)  # never reached
     gguf = _tiny_gguf(tmp_path / "qwen.gguf", architecture="qwen2")
     argv = ["--model-repository", "repo", "--gguf-cache", str(tmp_path / "cache")]
     assert launcher.main([*argv, "--draft-model", str(gguf)]) == 1

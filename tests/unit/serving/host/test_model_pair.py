@@ -22,16 +22,25 @@ from helpers.hf_dirs import (  # noqa: E402
 from avspec.runtime.model_dir import ModelDirError  # noqa: E402
 from avspec.runtime.pair import PairError  # noqa: E402
 from avspec.runtime.precision import auto_dtype  # noqa: E402
-from avspec.serving.host import launcher  # noqa: E402
+from avspec.serving.host import launcher, serve  # noqa: E402
+from avspec.serving.host.cli import parse_args  # noqa: E402
 from avspec.serving.host.model_pair import (  # noqa: E402
     pair_identity,
     prepare_pair,
     shared_pool_overrides,
 )
+from avspec.serving.host.served_repository import prepare_repository  # noqa: E402
+from avspec.serving.host.settings import ServeSettings  # noqa: E402
 from avspec.serving.repository import StageParams, read_config_parameters  # noqa: E402
 
 REPOSITORY = ROOT / "model_repository"
 MAX_POSITIONS = TINY_LLAMA["max_position_embeddings"]
+
+
+def stage_settings(*options: str) -> dict[str, dict[str, str]]:
+    """The stages' overrides the launcher's settings make of `options`."""
+    args = parse_args(["--model-repository", str(REPOSITORY), *options])
+    return ServeSettings.from_args(args, {}).stage_settings()
 
 
 def change_one_token(directory: Path) -> Path:
@@ -144,7 +153,7 @@ def test_mismatched_pair_fails_before_any_model_loads(
     def no_server(*args, **kwargs):
         raise AssertionError("tritonserver must not start for a bad pair")
 
-    monkeypatch.setattr(launcher, "ServerProcess", no_server)
+    monkeypatch.setattr(serve, "ServerProcess", no_server)
     argv = ["--model-repository", str(REPOSITORY), "--draft-model", str(draft)]
     code = launcher.main([*argv, "--target-model", str(target)])
     err = capsys.readouterr().err.strip().splitlines()
@@ -157,7 +166,7 @@ def test_launcher_serves_a_rewritten_copy(
     pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     draft, target = pair
-    copy = launcher.prepare_repository(REPOSITORY, draft, target, tmp_path)
+    copy = prepare_repository(REPOSITORY, draft, target, tmp_path)
     out = capsys.readouterr().out
     assert "LlamaForCausalLM" in out and "capped" in out
     params = read_config_parameters((copy / "target" / "config.pbtxt").read_text())
@@ -173,31 +182,27 @@ def test_launcher_sets_the_stage_dtypes_it_is_given(
     pair: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     draft, target = pair
-    args = launcher.parse_args(["--model-repository", str(REPOSITORY), "--target-dtype", "w8a8"])
-    settings = launcher._stage_settings(args)
+    settings = stage_settings("--target-dtype", "w8a8")
     assert settings == {"target": {"dtype": "w8a8"}}
-    copy = launcher.prepare_repository(REPOSITORY, draft, target, tmp_path / "a", settings)
+    copy = prepare_repository(REPOSITORY, draft, target, tmp_path / "a", settings)
     assert "target stage dtype w8a8" in capsys.readouterr().out
     params = read_config_parameters((copy / "target" / "config.pbtxt").read_text())
     assert params["dtype"] == "w8a8" and params["model_dir"] == str(target.resolve())
     draft_params = read_config_parameters((copy / "draft" / "config.pbtxt").read_text())
     assert draft_params["dtype"] == "auto"  # not given: the repository's
     # a dtype alone (no pair given) still rewrites a copy
-    alone = launcher.prepare_repository(
-        REPOSITORY, None, None, tmp_path / "b", {"draft": {"dtype": "int4"}}
-    )
+    alone = prepare_repository(REPOSITORY, None, None, tmp_path / "b", {"draft": {"dtype": "int4"}})
     assert read_config_parameters((alone / "draft" / "config.pbtxt").read_text())["dtype"] == "int4"
-    gpu = launcher.parse_args(["--model-repository", str(REPOSITORY), "--target-dtype", "float16"])
-    assert launcher._stage_settings(gpu) == {"target": {"dtype": "float16"}}  # the GPU launcher
+    gpu = stage_settings("--target-dtype", "float16")
+    assert gpu == {"target": {"dtype": "float16"}}  # the GPU launcher
     with pytest.raises(SystemExit):
-        launcher.parse_args(["--model-repository", str(REPOSITORY), "--target-dtype", "int2"])
-    engine = launcher.parse_args(["--model-repository", str(REPOSITORY), "--engine", "llamacpp"])
-    assert launcher._stage_settings(engine) == {
+        parse_args(["--model-repository", str(REPOSITORY), "--target-dtype", "int2"])
+    assert stage_settings("--engine", "llamacpp") == {
         "target": {"engine": "llamacpp"},
         "draft": {"engine": "llamacpp"},
     }
     with pytest.raises(SystemExit):
-        launcher.parse_args(["--model-repository", str(REPOSITORY), "--engine", "onnx"])
+        parse_args(["--model-repository", str(REPOSITORY), "--engine", "onnx"])
     capsys.readouterr()
 
 

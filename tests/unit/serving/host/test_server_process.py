@@ -17,20 +17,33 @@ from helpers import ROOT
 from helpers.fake_tritonserver import fake_tritonserver
 from helpers.server import live_processes
 
-from avspec.serving.host import launcher
+from avspec.serving.host.serve import request_stop
 from avspec.serving.host.served_models import model_config_file, python_models, repository_models
 from avspec.serving.host.server_process import ServerError, ServerProcess
+from avspec.serving.host.settings import (
+    ModelSettings,
+    NetworkSettings,
+    SecuritySettings,
+    ServeSettings,
+    TritonSettings,
+)
 from avspec.serving.host.triton_env import tritonserver_binary
+
+
+def _settings(*repositories: Path, **models: object) -> ServeSettings:
+    """The default settings on `repositories`, with ModelSettings' `models` options."""
+    return ServeSettings(ModelSettings(repositories, **models))
 
 
 def test_missing_or_empty_repository(tmp_path: Path) -> None:
     with pytest.raises(ServerError, match="not a directory"):
-        ServerProcess(tmp_path / "absent")
+        ServerProcess(_settings(tmp_path / "absent"))
     with pytest.raises(ServerError, match="no model"):
-        ServerProcess(tmp_path)
+        ServerProcess(_settings(tmp_path))
     _model(tmp_path / "repository", "m", 'backend: "python"')
+    absent = TritonSettings(tritonserver=tmp_path / "absent" / "tritonserver")
     with pytest.raises(ServerError, match="not an executable"):
-        ServerProcess(tmp_path / "repository", tritonserver=tmp_path / "absent" / "tritonserver")
+        ServerProcess(ServeSettings(ModelSettings((tmp_path / "repository",)), server=absent))
 
 
 def _model(repository: Path, name: str, config: str, gpu_config: str | None = None) -> None:
@@ -52,15 +65,15 @@ def test_models_are_found_across_repositories_under_a_config_name(tmp_path: Path
     assert model_config_file(first / "entry", "gpu") == first / "entry/config.pbtxt"
     assert python_models(first) == ["cpu_only", "entry"]
     assert python_models(first, "gpu") == ["entry"]
-    server = ServerProcess(first, extra_repositories=[second], model_config_name="gpu")
+    server = ServerProcess(_settings(first, second, model_config_name="gpu"))
     assert server.models == ["adapter", "cpu_only", "engine", "entry", "pipeline"]
     assert server.supervised_models() == ["adapter", "entry"]
     assert server.model_homes["adapter"] == second.resolve()
     _model(second, "entry", 'backend: "python"')
     with pytest.raises(ServerError, match="'entry' is in several of the repositories"):
-        ServerProcess(first, extra_repositories=[second])
+        ServerProcess(_settings(first, second))
     with pytest.raises(ServerError, match="'absent' is in none of the repositories"):
-        ServerProcess(first, load_models=["entry", "absent"])
+        ServerProcess(_settings(first, load_models=["entry", "absent"]))
 
 
 def test_gpu_deployment_supervises_its_python_stages(tmp_path: Path) -> None:
@@ -74,12 +87,13 @@ def test_gpu_deployment_supervises_its_python_stages(tmp_path: Path) -> None:
         "speculative_step",
         "speculative",
     ]
-    server = ServerProcess(
-        ROOT / "model_repository",
-        extra_repositories=[ROOT / "model_repository_gpu"],  # the templates: same backends
-        model_config_name="gpu",
+    models = ModelSettings(
+        (ROOT / "model_repository", ROOT / "model_repository_gpu"),  # the templates: same backends
         load_models=loads,
-        tritonserver=fake_tritonserver(tmp_path),
+        model_config_name="gpu",
+    )
+    server = ServerProcess(
+        ServeSettings(models, server=TritonSettings(tritonserver=fake_tritonserver(tmp_path)))
     )
     assert server.models == loads  # readiness waits for each
     assert server.supervised_models() == ["trtllm_target", "draft", "verifier", "speculative"]
@@ -94,7 +108,7 @@ def test_gpu_deployment_supervises_its_python_stages(tmp_path: Path) -> None:
 def test_command_uses_explicit_model_control(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.pbtxt").write_text('backend: "python"')
-    server = ServerProcess(tmp_path, 1, 2, 3)
+    server = ServerProcess(ServeSettings(ModelSettings((tmp_path,)), NetworkSettings(1, 2, 3)))
     server.run_dir, server.internal_metrics_port = tmp_path / "run", 13
     assert repository_models(tmp_path) == ["m"]
     command = server.command(tmp_path / "backends")
@@ -118,7 +132,8 @@ def test_no_key_on_the_command_line(tmp_path: Path) -> None:
     secret is there, and Triton restricts nothing by key (only the front reaches it)."""
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.pbtxt").write_text('backend: "python"')
-    server = ServerProcess(tmp_path, admin_key="operator-key-0123456789")
+    security = SecuritySettings(admin_key="operator-key-0123456789")
+    server = ServerProcess(ServeSettings(ModelSettings((tmp_path,)), security=security))
     server.run_dir = tmp_path / "run"
     command = server.command(tmp_path / "backends")
     assert "operator-key-0123456789" not in " ".join(command)
@@ -147,7 +162,9 @@ def test_stop_holds_signals_a_second_one_kills_the_group(
     two kill the whole group at once (long before exit_timeout_s). Handlers are restored."""
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.pbtxt").write_text('backend: "python"')
-    server = ServerProcess(tmp_path, exit_timeout_s=60)
+    server = ServerProcess(
+        ServeSettings(ModelSettings((tmp_path,)), server=TritonSettings(exit_timeout_s=60))
+    )
     fake = subprocess.Popen(
         [sys.executable, "-c", _FAKE_SERVER, on_sigterm], stdout=subprocess.PIPE,
         start_new_session=True, text=True,
@@ -156,7 +173,7 @@ def test_stop_holds_signals_a_second_one_kills_the_group(
         threading.Timer(0.2 * (i + 1), os.kill, (os.getpid(), signal.SIGTERM))
         for i in range(signals)
     ]
-    previous = signal.signal(signal.SIGTERM, launcher._request_stop)  # as main() has it
+    previous = signal.signal(signal.SIGTERM, request_stop)  # as the launcher's main() has it
     try:
         assert fake.stdout.readline() == "ready\n"
         server.process = fake
@@ -165,7 +182,7 @@ def test_stop_holds_signals_a_second_one_kills_the_group(
         started = time.monotonic()
         assert server.stop() == expected
         assert time.monotonic() - started < 10
-        assert signal.getsignal(signal.SIGTERM) is launcher._request_stop
+        assert signal.getsignal(signal.SIGTERM) is request_stop
         time.sleep(0.2)  # SIGKILL is delivered asynchronously
         assert [pid for pid, (_, g, _) in live_processes().items() if g == fake.pid] == []
     finally:

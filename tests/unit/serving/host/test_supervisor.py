@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from avspec.serving.host import supervisor as supervisor_module
-from avspec.serving.host.supervisor import StageSupervisor, find_stubs
+from avspec.serving.host.supervisor import StageHooks, StageSupervisor, find_stubs
 
 MODELS = ("draft", "speculative", "verifier")
 
@@ -88,9 +88,11 @@ def supervisor(fake: FakeServer, dead: list[str]) -> StageSupervisor:
         server_pid=os.getpid(),
         repository=fake.repository,
         models=MODELS,
-        reload=fake.reload,
-        is_loaded=lambda model: model in fake.loaded,
-        on_dead=dead.append,
+        hooks=StageHooks(
+            reload=fake.reload,
+            is_loaded=lambda model: model in fake.loaded,
+            on_dead=dead.append,
+        ),
         shm_dir=fake.shm,
     )
 

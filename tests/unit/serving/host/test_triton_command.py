@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from avspec.serving.host.settings import ModelSettings, TritonSettings
 from avspec.serving.host.triton_command import TritonCommand
 
 
-def _command(**overrides) -> TritonCommand:
-    options = dict(
+def _command(backend_directory: Path | None = None, **models) -> TritonCommand:
+    """The command on /r/one and /r/two, with ModelSettings' `models` options."""
+    return TritonCommand(
         binary=Path("/opt/tritonserver/bin/tritonserver"),
-        repositories=[Path("/r/one"), Path("/r/two")],
+        models=ModelSettings((Path("/r/one"), Path("/r/two")), **models),
+        server=TritonSettings(exit_timeout_s=30),
         run_dir=Path("/run/x"),
         metrics_port=9,
         shm_region_prefix="avspec42_",
-        exit_timeout_s=30,
+        backend_directory=backend_directory,
     )
-    return TritonCommand(**{**options, **overrides})
 
 
 def test_sockets_metrics_and_regions() -> None:
