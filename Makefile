@@ -7,7 +7,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: help venv llamacpp test unit lint format clean serve models tiny-models workloads bench soak costs draft draft-vocab card
+.PHONY: help venv llamacpp test unit lint format clean repository serve models tiny-models workloads bench soak costs draft draft-vocab card
 
 # `make` alone: every target with its line (the `## ` comment after the target).
 help:
@@ -39,6 +39,12 @@ lint: $(STAMP) ## ruff check, ruff format --check and mypy over backend/
 
 format: $(STAMP) ## ruff format and ruff check --fix
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
+
+# The config.pbtxt files of model_repository/ and model_repository_gpu/ are generated from the step
+# contract (avspec.contract) and the models' declarations (avspec.serving.model_configs); a unit
+# test fails when a committed file differs.
+repository: $(STAMP) ## regenerate every config.pbtxt from the contract and the model declarations
+	$(PY) -m avspec.serving.model_configs --write
 
 clean: ## remove .venv and pytest's cache
 	rm -rf $(VENV) .pytest_cache

@@ -4,6 +4,10 @@
 and gets back; the in-process step (`SpeculativeStep`) and the Triton ensemble take and return
 the same fields, so the scheduler cannot tell them apart.
 
+Each tensor field declares its dtype and shape (`tensor`, read back as `TensorSpec`s):
+`STEP_TENSORS` is every tensor of the step by name, the one declaration that the serving dtype
+tables and the model repository's config.pbtxt files (avspec.serving.model_configs) derive from.
+
 `HostStep` is the host view the stages read (`read_step_inputs`), and `base_tokens` the budget's
 T, one rule for every caller. The bottom layer above the utilities: it imports no stage.
 """
@@ -11,41 +15,88 @@ T, one rule for every caller. The bottom layer above the utilities: it imports n
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 import torch
 
 from avspec.checks import check_shape
 
+# numpy dtype of each torch dtype a step tensor may have (what the Triton adapters hold).
+NUMPY_DTYPES: dict[torch.dtype, type] = {
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.bool: np.bool_,
+    torch.float32: np.float32,
+}
 
-def _empty(dtype: torch.dtype) -> torch.Tensor:
-    return torch.zeros(0, dtype=dtype)
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A step tensor as every model passing it declares it: name, dtype and symbolic shape."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[str, ...]  # e.g. ("batch", "K"): the rank; every dimension varies per step
+
+    @property
+    def numpy_dtype(self) -> type:
+        return NUMPY_DTYPES[self.dtype]
+
+    @property
+    def dims(self) -> tuple[int, ...]:
+        """Triton's dims: -1 (variable) for every dimension."""
+        return (-1,) * len(self.shape)
+
+
+_TENSOR = "tensor"  # the field metadata key holding a field's (dtype, shape)
+
+
+def tensor(dtype: torch.dtype, *shape: str, empty_default: bool = False) -> Any:
+    """A contract field's declaration: its dtype and shape (machine-readable), and with
+    `empty_default` an empty tensor of that dtype as default (an optional tensor)."""
+    if dtype not in NUMPY_DTYPES:
+        raise ValueError(f"no step tensor has dtype {dtype}")
+    metadata = {_TENSOR: (dtype, shape)}
+    if empty_default:
+        return field(default_factory=lambda: torch.zeros(0, dtype=dtype), metadata=metadata)
+    return field(metadata=metadata)
+
+
+def tensor_specs(cls: type) -> tuple[TensorSpec, ...]:
+    """The TensorSpecs of a contract dataclass's fields, in field order."""
+    return tuple(TensorSpec(f.name, *f.metadata[_TENSOR]) for f in fields(cls))
 
 
 @dataclass
 class StepInputs:
     """One decode step for `batch` sequences. Shapes in the field comments."""
 
-    seq_ids: torch.Tensor  # [batch] int64
-    input_ids: torch.Tensor  # [batch, seq] int32, committed tokens new since the last step
-    input_lengths: torch.Tensor  # [batch] int32, >= 1
-    start_positions: torch.Tensor  # [batch] int32, committed length before input_ids
-    reusable: torch.Tensor  # [batch] int32, leading input_ids that were last step's drafts
-    num_draft_tokens: torch.Tensor  # [batch] int32, 0..K
-    adaptive: torch.Tensor  # [batch] bool, drafts compete in the verifier's top-k
-    temperature: torch.Tensor  # [batch] float32, 0 = greedy
-    top_p: torch.Tensor  # [batch] float32 in (0, 1]
-    random_seed: torch.Tensor  # [batch] int64
+    seq_ids: torch.Tensor = tensor(torch.int64, "batch")  # [batch] int64
+    # [batch, seq] int32, committed tokens new since the last step
+    input_ids: torch.Tensor = tensor(torch.int32, "batch", "seq")
+    input_lengths: torch.Tensor = tensor(torch.int32, "batch")  # [batch] int32, >= 1
+    # [batch] int32, committed length before input_ids
+    start_positions: torch.Tensor = tensor(torch.int32, "batch")
+    # [batch] int32, leading input_ids that were last step's drafts
+    reusable: torch.Tensor = tensor(torch.int32, "batch")
+    num_draft_tokens: torch.Tensor = tensor(torch.int32, "batch")  # [batch] int32, 0..K
+    # [batch] bool, drafts compete in the verifier's top-k
+    adaptive: torch.Tensor = tensor(torch.bool, "batch")
+    temperature: torch.Tensor = tensor(torch.float32, "batch")  # [batch] float32, 0 = greedy
+    top_p: torch.Tensor = tensor(torch.float32, "batch")  # [batch] float32 in (0, 1]
+    random_seed: torch.Tensor = tensor(torch.int64, "batch")  # [batch] int64
     # [prev_batch] int32, previous batch order; negative: kept out of the refit
     # (avspec.av.estimator.refit_excluded)
-    prev_num_accepted: torch.Tensor
-    release_seq_ids: torch.Tensor  # [released] int64, freed before this step
+    prev_num_accepted: torch.Tensor = tensor(torch.int32, "prev_batch")
+    # [released] int64, freed before this step
+    release_seq_ids: torch.Tensor = tensor(torch.int64, "released")
     # [batch] bool: an adaptive row also stops drafting by the plan (avspec.av.drafting)
-    adaptive_drafting: torch.Tensor = field(default_factory=lambda: _empty(torch.bool))
+    adaptive_drafting: torch.Tensor = tensor(torch.bool, "batch", empty_default=True)
     # [3 + K] float32, the previous step's DraftPlan; empty: no plan, every row drafts its cap
-    draft_plan: torch.Tensor = field(default_factory=lambda: _empty(torch.float32))
+    draft_plan: torch.Tensor = tensor(torch.float32, "plan", empty_default=True)
     # [K + 2] float32, the previous step's draft ms per pass, target ms, step wall ms; or empty
-    prev_timing_ms: torch.Tensor = field(default_factory=lambda: _empty(torch.float32))
+    prev_timing_ms: torch.Tensor = tensor(torch.float32, "timing", empty_default=True)
 
     @property
     def batch_size(self) -> int:
@@ -82,18 +133,37 @@ class VerifierInputs:
 class StepOutputs:
     """What the target returns: accepted drafts then one correction or bonus token."""
 
-    output_ids: torch.Tensor  # [batch, K + 1] int32
-    num_accepted: torch.Tensor  # [batch] int32; the sequence gains num_accepted + 1 tokens
-    num_verify: torch.Tensor  # [batch] int32, drafts the verifier admitted
+    output_ids: torch.Tensor = tensor(torch.int32, "batch", "K + 1")  # [batch, K + 1] int32
+    # [batch] int32; the sequence gains num_accepted + 1 tokens
+    num_accepted: torch.Tensor = tensor(torch.int32, "batch")
+    num_verify: torch.Tensor = tensor(torch.int32, "batch")  # [batch] int32, drafts admitted
     # [3 + K] float32, the plan of the next step (avspec.av.drafting); empty: none
-    next_draft_plan: torch.Tensor = field(default_factory=lambda: _empty(torch.float32))
-    draft_ms: torch.Tensor = field(default_factory=lambda: _empty(torch.float32))  # [K] ms per pass
+    next_draft_plan: torch.Tensor = tensor(torch.float32, "plan", empty_default=True)
+    # [K] float32, ms per draft pass
+    draft_ms: torch.Tensor = tensor(torch.float32, "K", empty_default=True)
     # [batch] int32, drafts the draft stage produced (<= num_draft_tokens); empty: not reported
-    num_drafted: torch.Tensor = field(default_factory=lambda: _empty(torch.int32))
-    target_ms: torch.Tensor = field(default_factory=lambda: _empty(torch.float32))  # [1] ms
+    num_drafted: torch.Tensor = tensor(torch.int32, "batch", empty_default=True)
+    target_ms: torch.Tensor = tensor(torch.float32, "1", empty_default=True)  # [1] ms
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+STEP_INPUTS = tensor_specs(StepInputs)
+STEP_OUTPUTS = tensor_specs(StepOutputs)
+_OUT = {spec.name: spec for spec in STEP_OUTPUTS}
+# What the draft stage hands the verifier and the target besides the StepInputs.
+DRAFT_OUTPUTS: tuple[TensorSpec, ...] = (
+    TensorSpec("draft_tokens", torch.int32, ("batch", "K")),  # [batch, K] int32
+    TensorSpec("draft_probs", torch.float32, ("batch", "K", "vocab")),  # q, [batch, K, vocab]
+    TensorSpec("draft_features", torch.float32, ("batch", "K")),  # logit(q_max), [batch, K]
+    _OUT["num_drafted"],
+    _OUT["draft_ms"],
+)
+# Every tensor of one step by name: the names the models and the ensemble pass them under.
+STEP_TENSORS: dict[str, TensorSpec] = {
+    spec.name: spec for spec in (*STEP_INPUTS, *DRAFT_OUTPUTS, *STEP_OUTPUTS)
+}
 
 
 @dataclass

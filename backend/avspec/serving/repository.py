@@ -13,8 +13,8 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
-import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 from avspec.config import EstimatorConfig, from_parameters
-from avspec.contract import StepInputs, StepOutputs
+from avspec.contract import NUMPY_DTYPES, STEP_INPUTS, STEP_OUTPUTS, StepInputs, StepOutputs
 from avspec.runtime.hf_files import GGUF_FILE
+from avspec.serving import pbtxt
 
 T = TypeVar("T")
 
@@ -44,40 +45,11 @@ def is_path_value(name: str, value: str) -> bool:
     return name in PATH_PARAMETERS and bool(value)
 
 
-# numpy dtypes of the step tensors, as declared in the config.pbtxt files.
-STEP_INPUT_DTYPES: dict[str, type] = {
-    "seq_ids": np.int64,
-    "input_ids": np.int32,
-    "input_lengths": np.int32,
-    "start_positions": np.int32,
-    "reusable": np.int32,
-    "num_draft_tokens": np.int32,
-    "adaptive": np.bool_,
-    "temperature": np.float32,
-    "top_p": np.float32,
-    "random_seed": np.int64,
-    "prev_num_accepted": np.int32,
-    "release_seq_ids": np.int64,
-    "adaptive_drafting": np.bool_,
-    "draft_plan": np.float32,
-    "prev_timing_ms": np.float32,
-}
+# numpy dtypes of the step tensors, derived from the contract (avspec.contract.TensorSpec).
+STEP_INPUT_DTYPES: dict[str, type] = {spec.name: spec.numpy_dtype for spec in STEP_INPUTS}
+STEP_OUTPUT_DTYPES: dict[str, type] = {spec.name: spec.numpy_dtype for spec in STEP_OUTPUTS}
 # torch dtype of each numpy dtype above.
-TORCH_DTYPES: dict[type, torch.dtype] = {
-    np.int64: torch.int64,
-    np.int32: torch.int32,
-    np.bool_: torch.bool,
-    np.float32: torch.float32,
-}
-STEP_OUTPUT_DTYPES: dict[str, type] = {
-    "output_ids": np.int32,
-    "num_accepted": np.int32,
-    "num_verify": np.int32,
-    "next_draft_plan": np.float32,
-    "draft_ms": np.float32,
-    "target_ms": np.float32,
-    "num_drafted": np.int32,
-}
+TORCH_DTYPES: dict[type, torch.dtype] = {numpy: dtype for dtype, numpy in NUMPY_DTYPES.items()}
 
 
 # Serving dtypes a stage may ask for, by device kind (fp16 matmuls are slow or missing on CPU;
@@ -212,6 +184,24 @@ class EntryParams:
             )
 
 
+@dataclass(frozen=True)
+class TrtllmTargetParams:
+    """Parameters of the `trtllm_target` model (GPU repository; its adapter:
+    avspec.serving.stages.gpu_adapters)."""
+
+    vocab_size: int  # the engine's vocabulary (draft_logits width); the draft's must not exceed it
+    trtllm_model: str = "tensorrt_llm"  # the tensorrtllm-backend model called per sequence
+    max_draft_tokens: int = 8  # K: the contract's output width is K + 1; <= engine max_draft_len
+    max_sequences: int = 128  # live sequences whose context is kept
+    max_length: int = 4096  # committed tokens per sequence
+    use_draft_logits: bool = True  # send draft_logits (probabilistic acceptance) when sampling
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "max_draft_tokens", "max_sequences", "max_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+
 def model_parameters(model_config: str | Mapping[str, Any]) -> dict[str, Any]:
     """Return the `parameters` block of a model config (JSON text or dict from Triton)."""
     config = json.loads(model_config) if isinstance(model_config, str) else model_config
@@ -289,37 +279,34 @@ def step_outputs_from_numpy(arrays: Mapping[str, np.ndarray]) -> StepOutputs:
     )
 
 
-_PARAMETER = re.compile(
-    r'(parameters\s*\{\s*key:\s*"(?P<key>[^"]+)"\s*value:\s*\{\s*string_value:\s*")'
-    r'(?P<value>[^"]*)(")'
-)
-
-
 def read_config_parameters(config_text: str) -> dict[str, str]:
     """Return {key: string_value} of the `parameters` entries of a config.pbtxt text."""
-    return {m["key"]: m["value"] for m in _PARAMETER.finditer(config_text)}
+    return pbtxt.parameters(pbtxt.parse(config_text))
 
 
 def rewrite_config_parameters(
     config_text: str, overrides: Mapping[str, str], root: Path | None = None
 ) -> str:
-    """Replace parameter values in a config.pbtxt text.
+    """Replace parameter values in a config.pbtxt text (parsed as a Triton ModelConfig; the
+    leading comment lines are kept, the others dropped).
 
     Every key of `overrides` must already be a parameter (ValueError otherwise: a typo must not
     pass silently). With `root`, relative PATH_PARAMETERS become absolute against it.
     """
-    unknown = sorted(set(overrides) - set(read_config_parameters(config_text)))
+    config = pbtxt.parse(config_text)
+    current = pbtxt.parameters(config)
+    unknown = sorted(set(overrides) - set(current))
     if unknown:
         raise ValueError(f"no such parameter(s) to override: {', '.join(unknown)}")
-
-    def replace(match: re.Match) -> str:
-        key, value = match["key"], match["value"]
-        value = str(overrides.get(key, value))
-        if root is not None and is_path_value(key, value):
-            value = str(resolve_path(root, value))
-        return f"{match[1]}{value}{match[4]}"
-
-    return _PARAMETER.sub(replace, config_text)
+    values = {key: str(overrides.get(key, value)) for key, value in current.items()}
+    if root is not None:
+        values = {
+            key: str(resolve_path(root, value)) if is_path_value(key, value) else value
+            for key, value in values.items()
+        }
+    pbtxt.set_parameters(config, values)
+    header = list(itertools.takewhile(lambda line: line.startswith("#"), config_text.splitlines()))
+    return pbtxt.render(config, [line.removeprefix("#").removeprefix(" ") for line in header])
 
 
 def copy_repository(
@@ -343,9 +330,11 @@ def copy_repository(
     for config in configs:
         model = config.parent.name if config.name == "config.pbtxt" else config.parent.parent.name
         model_overrides = {k: str(v) for k, v in overrides.get(model, {}).items()}
-        config.write_text(
-            rewrite_config_parameters(config.read_text(), model_overrides, source.parent)
-        )
+        text = config.read_text()
+        try:
+            config.write_text(rewrite_config_parameters(text, model_overrides, source.parent))
+        except ValueError as err:
+            raise ValueError(f"{config.relative_to(destination)}: {err}") from None
     return destination
 
 

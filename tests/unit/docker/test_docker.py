@@ -27,6 +27,7 @@ from helpers import ROOT
 from tritonclient.grpc import model_config_pb2 as mc
 
 from avspec.serving.host.server_process import free_port
+from avspec.serving.repository import read_config_parameters
 from avspec.serving.stages.metrics import ALL_METRICS, HISTOGRAM
 
 DOCKER = ROOT / "docker"
@@ -443,7 +444,7 @@ def test_entry_script_converts_a_hugging_face_target_with_the_stock_converter(
         argv = json.loads(line.removeprefix("tritonserver "))
         served = next(a for a in argv if a.startswith("--model-repository=")).split("=", 1)[1]
         draft_gpu = (Path(served) / "draft" / "configs" / "gpu.pbtxt").read_text()
-        assert f'key: "model_dir" value: {{ string_value: "{draft}" }}' in draft_gpu
+        assert read_config_parameters(draft_gpu)["model_dir"] == str(draft)
         _stop(process, out)
     finally:
         if process.poll() is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import subprocess
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 from helpers import ROOT
 
+from avspec.serving import pbtxt
 from avspec.serving.repository import (
     STEP_INPUT_DTYPES,
     EntryParams,
@@ -30,7 +30,6 @@ from avspec.serving.repository import (
 
 REPOSITORY = ROOT / "model_repository"
 TRITON_DTYPES = {np.int64: "INT64", np.int32: "INT32", np.bool_: "BOOL", np.float32: "FP32"}
-TENSOR = re.compile(r'name: "(\w+)" data_type: TYPE_(\w+)')
 
 
 def config_text(model: str) -> str:
@@ -61,15 +60,21 @@ def test_parameters_parse_and_agree_on_k() -> None:
     assert entry.step_model == "speculative_step"
 
 
+def declared_inputs(model: str) -> dict[str, str]:
+    """{name: Triton type without TYPE_} of the inputs of `model`'s config.pbtxt."""
+    config = pbtxt.parse(config_text(model))
+    return {t.name: pbtxt.type_name(t.data_type).removeprefix("TYPE_") for t in config.input}
+
+
 @pytest.mark.parametrize("model", ["draft", "target", "speculative_step"])
 def test_step_tensors_match_the_contract(model: str) -> None:
-    declared = dict(TENSOR.findall(config_text(model).split("output [")[0]))
+    declared = declared_inputs(model)
     for name, dtype in STEP_INPUT_DTYPES.items():
         assert declared[name] == TRITON_DTYPES[dtype], name
 
 
 def test_verifier_inputs_are_ensemble_tensors() -> None:
-    inputs = dict(TENSOR.findall(config_text("verifier").split("output [")[0]))
+    inputs = declared_inputs("verifier")
     assert set(inputs) - set(STEP_INPUT_DTYPES) == {"draft_features", "num_drafted"}
 
 
@@ -183,3 +188,22 @@ def test_every_model_has_a_tracked_version_directory():
         m for m in models if not any(f.startswith(f"model_repository/{m}/1/") for f in tracked)
     ]
     assert not missing, f"models without a tracked version directory: {missing}"
+
+
+def test_rewrite_parses_the_config_and_keeps_its_header(tmp_path: Path) -> None:
+    text = config_text("target")
+    rewritten = rewrite_config_parameters(text, {"max_length": "64"}, root=tmp_path)
+    assert rewritten.splitlines()[0] == text.splitlines()[0]
+    new, old = pbtxt.parse(rewritten), pbtxt.parse(text)
+    assert pbtxt.parameters(new)["max_length"] == "64"
+    assert new.input == old.input and new.output == old.output
+    with pytest.raises(ValueError, match="not a Triton model config"):
+        read_config_parameters('parameters { key: "a" value: { string_value: "1" } } }')
+
+
+def test_copy_repository_names_a_config_that_does_not_parse(tmp_path: Path) -> None:
+    source = tmp_path / "model_repository"
+    (source / "m").mkdir(parents=True)
+    (source / "m" / "config.pbtxt").write_text("max_batch_size: ${size}\n")
+    with pytest.raises(ValueError, match="m/config.pbtxt: not a Triton model config"):
+        copy_repository(source, tmp_path / "copy")

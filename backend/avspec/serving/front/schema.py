@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
+
+from avspec.serving import pbtxt
 
 _INT_RANGES: dict[str, tuple[int, int]] = {
     "TYPE_INT8": (-(2**7), 2**7 - 1),
@@ -65,53 +66,17 @@ DEFAULT_GENERATE_SCHEMA: GenerateSchema = MappingProxyType(
     }
 )
 
-# Strings are matched (and kept) so that a '#' inside one is not taken for a comment.
-_PBTXT_COMMENT = re.compile(r'"(?:[^"\\]|\\.)*"|#[^\n]*')
-
-
-def _strip_pbtxt_comments(text: str) -> str:
-    return _PBTXT_COMMENT.sub(lambda m: m.group(0) if m.group(0).startswith('"') else "", text)
-
-
-def _closing(text: str, start: int, open_char: str, close_char: str) -> int:
-    """Index of the bracket closing the one at `start` (brackets inside strings are rare in
-    config.pbtxt input blocks, which hold names, types and dims only)."""
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == open_char:
-            depth += 1
-        elif text[i] == close_char:
-            depth -= 1
-            if depth == 0:
-                return i
-    raise ValueError(f"unbalanced {open_char!r} in config.pbtxt")
-
 
 def generate_schema_from_config(config_pbtxt_text: str) -> dict[str, InputSpec]:
-    """Read the `input [ ... ]` block of a Triton config.pbtxt into a generate schema.
-
-    Each `{ name: "..." data_type: TYPE_... [optional: true] ... }` entry becomes one field;
-    inputs are required unless marked `optional: true`.
-    """
-    text = _strip_pbtxt_comments(config_pbtxt_text)
-    match = re.search(r"(?<![\w.])input\s*:?\s*\[", text)
-    if match is None:
+    """The generate schema of a Triton config.pbtxt (parsed as Triton's ModelConfig): one field
+    per input, required unless `optional: true`, an array when its dims are [ -1 ]."""
+    config = pbtxt.parse(config_pbtxt_text)
+    if not config.input:
         raise ValueError("config.pbtxt has no `input [ ... ]` block")
-    block_start = match.end() - 1
-    block = text[block_start + 1 : _closing(text, block_start, "[", "]")]
-    schema: dict[str, InputSpec] = {}
-    position = block.find("{")
-    while position != -1:
-        end = _closing(block, position, "{", "}")
-        entry = block[position + 1 : end]
-        name = re.search(r'\bname\s*:\s*"([^"]+)"', entry)
-        dtype = re.search(r"\bdata_type\s*:\s*(TYPE_\w+)", entry)
-        if name is None or dtype is None:
-            raise ValueError(f"config.pbtxt input entry without name or data_type: {entry!r}")
-        optional = re.search(r"\boptional\s*:\s*true\b", entry) is not None
-        array = re.search(r"\bdims\s*:\s*\[\s*-1\s*\]", entry) is not None
-        schema[name.group(1)] = InputSpec(dtype.group(1), required=not optional, array=array)
-        position = block.find("{", end)
+    schema = {}
+    for spec in config.input:
+        array = list(spec.dims) == [-1]
+        schema[spec.name] = InputSpec(pbtxt.type_name(spec.data_type), not spec.optional, array)
     return schema
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from avspec.serving.repository import TrtllmTargetParams
 from avspec.trtllm.request import (
     ContextLedger,
     TargetRequest,
@@ -24,23 +24,6 @@ from avspec.trtllm.request import (
     gather_outputs,
     parse_response,
 )
-
-
-@dataclass(frozen=True)
-class TrtllmTargetParams:
-    """Parameters of the `trtllm_target` model (GPU repository)."""
-
-    vocab_size: int  # the engine's vocabulary (draft_logits width); the draft's must not exceed it
-    trtllm_model: str = "tensorrt_llm"  # the tensorrtllm-backend model called per sequence
-    max_draft_tokens: int = 8  # K: the contract's output width is K + 1; <= engine max_draft_len
-    max_sequences: int = 128  # live sequences whose context is kept
-    max_length: int = 4096  # committed tokens per sequence
-    use_draft_logits: bool = True  # send draft_logits (probabilistic acceptance) when sampling
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "max_draft_tokens", "max_sequences", "max_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 class TrtllmTargetAdapter:

@@ -29,7 +29,8 @@ def _repository(root: Path) -> Path:
 def test_path_parameters_resolve_against_the_project_root(tmp_path: Path) -> None:
     repository = _repository(tmp_path)
     files = server_files([repository], {"verifier": repository}, None)
-    assert files.readable == (repository, tmp_path / "models" / "target", Path("/abs/costs.json"))
+    # parameters in key order: cost_tables before model_dir
+    assert files.readable == (repository, Path("/abs/costs.json"), tmp_path / "models" / "target")
     assert files.writable == (tmp_path / "runs",)
 
 
