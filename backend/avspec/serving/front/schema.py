@@ -167,18 +167,14 @@ def check_generate_body(body: bytes, schema: GenerateSchema) -> dict[str, Any]:
             raise ValueError(
                 f"field {name!r} must be {_expected(dtype)} ({dtype}), got {_describe(value)}"
             )
-        surrogate = _lone_surrogate(value) if isinstance(value, str) else None
-        if surrogate is not None:
-            raise ValueError(
-                f"field {name!r} is not valid Unicode text: lone UTF-16 surrogate escape "
-                f"\\u{ord(value[surrogate]):04x} at character {surrogate} (a surrogate must "
-                "come in a high-low pair)"
-            )
+        problem = unicode_problem(value) if isinstance(value, str) else None
+        if problem is not None:
+            raise ValueError(f"field {name!r} {problem}")
     return request
 
 
-def _lone_surrogate(text: str) -> int | None:
-    """Where `text` holds a lone UTF-16 surrogate, if it does.
+def unicode_problem(text: str) -> str | None:
+    """What makes `text` no valid Unicode text, if anything: a lone UTF-16 surrogate.
 
     JSON lets a string escape one (`"\\ud800"`) and Python keeps it, but it is no character:
     Triton's parser answers 500 and UTF-8 cannot encode it. A valid pair arrives as one code
@@ -187,5 +183,9 @@ def _lone_surrogate(text: str) -> int | None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
-        return err.start
+        return (
+            f"is not valid Unicode text: lone UTF-16 surrogate escape "
+            f"\\u{ord(text[err.start]):04x} at character {err.start} (a surrogate must come in "
+            "a high-low pair)"
+        )
     return None

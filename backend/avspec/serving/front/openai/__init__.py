@@ -1,10 +1,12 @@
 """OpenAI-compatible routes on the front's public HTTP port, on top of the entry's generate_stream.
 
 `GET /v1/models` (models), `POST /v1/completions` (completions), `POST /v1/chat/completions`
-(chat, with the pair's chat template: chat_template). A request is parsed and checked
-(request), sent to the entry model as a generate_stream call with the caller's identity, its
-text rebuilt token by token and cut at stop strings and max_tokens (generation, stop_text), and
-answered as one JSON object or a stream of server-sent events (answer); errors are OpenAI error
+(chat, with the pair's chat template: chat_template, rendered here, once). A body is validated
+once, at the door, against its typed schema (request, validation: a 400 naming the field), sent
+to the engine with the caller's identity through one protocol (engine.Engine; the entry model
+on Triton: triton_engine, which tokenizes the prompt), its text rebuilt token by token and cut
+at stop strings and max_tokens (generation, stop_text), and answered as one JSON object or a
+stream of server-sent events in the typed shapes of response (answer); errors are OpenAI error
 objects (errors). The front's own rules apply as on /v2: connection caps, body limit, readiness
 (503 while a stage restarts), Front.abort_inference. `install` puts the routes on the relay.
 """

@@ -25,7 +25,18 @@ from aiohttp import web
 
 from avspec.serving.front.inflight import Abortable
 from avspec.serving.front.openai.errors import OpenAIError
-from avspec.serving.front.openai.generation import Generation, Step
+from avspec.serving.front.openai.generation import Figures, Generation, Step
+from avspec.serving.front.openai.response import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatMessage,
+    Completion,
+    CompletionChoice,
+    Delta,
+    Speculative,
+    TokenOrigin,
+    Usage,
+)
 
 
 @dataclass(frozen=True)
@@ -37,22 +48,19 @@ class Shape:
     chunk_object: str  # of a stream chunk
     chat: bool  # text in `message` / `delta` (chat) or `text` (completions)
 
-    def choice(self, text: str, finish_reason: str | None) -> dict:
+    def choice(self, text: str, finish_reason: str | None) -> CompletionChoice | ChatChoice:
         if self.chat:
-            message = {"role": "assistant", "content": text}
-            return {
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            message = ChatMessage(role="assistant", content=text)
+            return ChatChoice(index=0, message=message, logprobs=None, finish_reason=finish_reason)
+        return CompletionChoice(index=0, text=text, logprobs=None, finish_reason=finish_reason)
 
-    def chunk_choice(self, delta: dict | str, finish_reason: str | None) -> dict:
-        key = "delta" if self.chat else "text"
-        if not self.chat and isinstance(delta, dict):
-            delta = delta.get("content", "")
-        return {"index": 0, key: delta, "logprobs": None, "finish_reason": finish_reason}
+    def chunk_choice(
+        self, delta: Delta, finish_reason: str | None
+    ) -> CompletionChoice | ChatChunkChoice:
+        if self.chat:
+            return ChatChunkChoice(index=0, delta=delta, logprobs=None, finish_reason=finish_reason)
+        text = delta.content or ""
+        return CompletionChoice(index=0, text=text, logprobs=None, finish_reason=finish_reason)
 
 
 COMPLETION = Shape("cmpl-", "text_completion", "text_completion", chat=False)
@@ -91,15 +99,19 @@ class Answer:
             assert self.call.message is not None
             return await self._fail(OpenAIError(503, self.call.message, code="aborted"))
 
-    def _object(self, object_name: str, choices: list[dict], **extra: object) -> dict:
-        return {
-            "id": self.id,
-            "object": object_name,
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
+    def _object(self, object_name: str, choices: list, **extra: object) -> dict:
+        answer = Completion(
+            id=self.id,
+            object=object_name,
+            created=self.created,
+            model=self.model,
+            choices=choices,
             **extra,
-        }
+        )
+        return answer.body()
+
+    def _usage(self) -> Usage:
+        return Usage(**self.generation.usage())
 
     async def _whole(self) -> web.StreamResponse:
         steps = [step async for step in self.generation.steps(self.identity)]
@@ -107,8 +119,8 @@ class Answer:
         body = self._object(
             self.shape.object,
             [self.shape.choice(text, self.generation.finish_reason)],
-            usage=self.generation.usage(),
-            speculative=self.generation.figures.as_dict(),
+            usage=self._usage(),
+            speculative=_speculative(self.generation.figures),
         )
         return web.json_response(body)
 
@@ -122,7 +134,7 @@ class Answer:
             await self._stream.prepare(self.request)
             if self.shape.chat:
                 await self._chunk(
-                    [self.shape.chunk_choice({"role": "assistant", "content": ""}, None)]
+                    [self.shape.chunk_choice(Delta(role="assistant", content=""), None)]
                 )
             if first is not None:
                 await self._send_step(first)
@@ -130,25 +142,25 @@ class Answer:
                 await self._send_step(step)
         finally:
             await steps.aclose()
-        final = {} if self.shape.chat else ""
-        await self._chunk([self.shape.chunk_choice(final, self.generation.finish_reason)])
+        await self._chunk([self.shape.chunk_choice(Delta(), self.generation.finish_reason)])
         if self.generation.sampling.include_usage:
-            usage = self.generation.usage()
-            speculative = self.generation.figures.as_dict()
+            speculative = _speculative(self.generation.figures)
             await self._event(
-                self._object(self.shape.chunk_object, [], usage=usage, speculative=speculative)
+                self._object(
+                    self.shape.chunk_object, [], usage=self._usage(), speculative=speculative
+                )
             )
         await self._write(b"data: [DONE]\n\n")
         await self._stream.write_eof()
         return self._stream
 
     async def _send_step(self, step: Step) -> None:
-        tokens = [{"text": piece.text, "draft": piece.draft} for piece in step.pieces]
-        speculative = {**step.figures.as_dict(), "tokens": tokens}
-        choice = self.shape.chunk_choice({"content": step.text}, None)
+        tokens = [TokenOrigin(text=piece.text, draft=piece.draft) for piece in step.pieces]
+        speculative = _speculative(step.figures, tokens)
+        choice = self.shape.chunk_choice(Delta(content=step.text), None)
         await self._chunk([choice], speculative=speculative)
 
-    async def _chunk(self, choices: list[dict], **extra: object) -> None:
+    async def _chunk(self, choices: list, **extra: object) -> None:
         if self.generation.sampling.include_usage:
             extra = {"usage": None, **extra}
         await self._event(self._object(self.shape.chunk_object, choices, **extra))
@@ -168,3 +180,9 @@ class Answer:
         await self._event(error.body())
         await self._stream.write_eof()
         return self._stream
+
+
+def _speculative(figures: Figures, tokens: list[TokenOrigin] | None = None) -> Speculative:
+    if tokens is None:
+        return Speculative(**figures.as_dict())
+    return Speculative(**figures.as_dict(), tokens=tokens)

@@ -16,7 +16,7 @@ from avspec.serving.front.openai.context import Context
 from avspec.serving.front.openai.errors import OpenAIError, field_error
 from avspec.serving.front.openai.generation import Generation
 from avspec.serving.front.openai.prompt import Prompt, chat_prompt
-from avspec.serving.front.openai.request import Chat, parse_chat
+from avspec.serving.front.openai.request import ChatRequest, Sampling, parse_chat
 
 DEFAULT_MAX_TOKENS = 256  # when a request names no max_tokens / max_completion_tokens
 
@@ -27,8 +27,8 @@ async def chat_completions(
     """Answer one chat completion request (see front.openai.answer for the shape)."""
     tokenizer = context.tokenizer()
 
-    def prepare() -> tuple[Chat, Prompt]:
-        parsed = parse_chat(body, DEFAULT_MAX_TOKENS)
+    def prepare() -> tuple[ChatRequest, Sampling, Prompt]:
+        parsed, sampling = parse_chat(body, DEFAULT_MAX_TOKENS)
         model = context.served_model(parsed.model)
         template = context.chat_template()
         if template is None:
@@ -40,15 +40,12 @@ async def chat_completions(
                 code="no_chat_template",
             )
         try:
-            return parsed, chat_prompt(template, tokenizer, parsed.messages)
+            return parsed, sampling, chat_prompt(template, tokenizer, parsed.template_messages())
         except ChatTemplateError as err:
             raise field_error("messages", str(err)) from None
 
-    parsed, prompt = await context.prepare(identity, prepare)
-    generation = Generation(
-        context.upstream, tokenizer, context.schema, parsed.model, prompt, parsed.sampling,
-        prompt_param="messages",
-    )  # fmt: skip
+    parsed, sampling, prompt = await context.prepare(identity, prepare)
+    generation = Generation(context.engine, tokenizer, parsed.model, prompt, sampling)
     answer = Answer(
         request, CHAT, parsed.model, generation, identity, call, context.write_timeout_s
     )

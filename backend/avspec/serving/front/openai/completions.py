@@ -13,7 +13,7 @@ from avspec.serving.front.openai.answer import COMPLETION, Answer
 from avspec.serving.front.openai.context import Context
 from avspec.serving.front.openai.generation import Generation
 from avspec.serving.front.openai.prompt import Prompt, completion_prompt
-from avspec.serving.front.openai.request import Completion, parse_completion
+from avspec.serving.front.openai.request import CompletionRequest, Sampling, parse_completion
 
 DEFAULT_MAX_TOKENS = 16  # the OpenAI API's default for completions
 
@@ -25,16 +25,13 @@ async def completions(
     tokenizer = context.tokenizer()
     special = context.config.access.completions_special_tokens
 
-    def prepare() -> tuple[Completion, Prompt]:
-        parsed = parse_completion(body, DEFAULT_MAX_TOKENS)
+    def prepare() -> tuple[CompletionRequest, Sampling, Prompt]:
+        parsed, sampling = parse_completion(body, DEFAULT_MAX_TOKENS)
         context.served_model(parsed.model)
-        return parsed, completion_prompt(parsed.prompt, special)
+        return parsed, sampling, completion_prompt(parsed.text, special)
 
-    parsed, prompt = await context.prepare(identity, prepare)
-    generation = Generation(
-        context.upstream, tokenizer, context.schema, parsed.model, prompt, parsed.sampling,
-        prompt_param="prompt",
-    )  # fmt: skip
+    parsed, sampling, prompt = await context.prepare(identity, prepare)
+    generation = Generation(context.engine, tokenizer, parsed.model, prompt, sampling)
     answer = Answer(
         request, COMPLETION, parsed.model, generation, identity, call, context.write_timeout_s
     )

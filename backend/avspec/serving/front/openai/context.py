@@ -1,6 +1,7 @@
-"""What the OpenAI routes share: the front's config, the client to Triton, the pair's tokenizer
-and chat template (loaded once, when the front starts), which model names they serve, and the
-pool that prepares requests off the event loop."""
+"""What the OpenAI routes share: the front's config, the engine (the entry model on Triton,
+through the front's client to it), the pair's tokenizer and chat template (loaded once, when the
+front starts), which model names they serve, and the pool that prepares requests off the event
+loop."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from avspec.runtime.hf_tokenizer import HFTokenizer
 from avspec.serving.front.config import FrontConfig
 from avspec.serving.front.http_upstream import Upstream
 from avspec.serving.front.openai.chat_template import ChatTemplate
+from avspec.serving.front.openai.engine import Engine
 from avspec.serving.front.openai.errors import OpenAIError
+from avspec.serving.front.openai.triton_engine import TritonEngine
 from avspec.serving.front.policy import model_refusal, shown
 
 T = TypeVar("T")
@@ -33,8 +36,7 @@ class Context:
 
     def __init__(self, config: FrontConfig, upstream: Upstream) -> None:
         self.config = config
-        self.upstream = upstream
-        self.schema = config.generate_schema
+        self.engine: Engine = TritonEngine(upstream, config.generate_schema)
         self.write_timeout_s = config.read_timeout_s
         self.created = int(time.time())
         directory = config.tokenizer_dir

@@ -4,17 +4,17 @@
 reads `message` and `code` from it): 400 `invalid_request_error` naming the field in `param`,
 404 `model_not_found`, 429 / 503 with `Retry-After` when the server or this client is over a
 limit, 500 `server_error` when a stage failed. The front's own refusals (HttpError) and the
-entry model's errors (http_status.ENTRY_SERVER_ERRORS) map onto the same statuses as on /v2.
+entry model's errors (front.openai.triton_engine.entry_error) map onto the same statuses as on
+/v2.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 
 from aiohttp import web
 
-from avspec.serving.front.http_status import entry_error_status, with_retry_after
+from avspec.serving.front.http_status import with_retry_after
 
 _TYPES = {  # status -> OpenAI error type
     400: "invalid_request_error",
@@ -63,17 +63,3 @@ class OpenAIError(Exception):
 def field_error(param: str, message: str) -> OpenAIError:
     """400 naming the request field `param`."""
     return OpenAIError(400, message, param=param)
-
-
-def entry_error(message: str, params: Mapping[str, str] | None = None) -> OpenAIError:
-    """An error of the entry model (Triton answered 400 or sent an error event), with the
-    status the entry meant: 503 overloaded, 500 a failed stage, 400 the request's mistake.
-
-    The entry's messages start with the input they are about (`max_tokens 600 + 8 draft tokens
-    leave no room ...`); `params` maps such an input to the OpenAI field, named in `param`.
-    """
-    status = entry_error_status(json.dumps({"error": message}).encode())
-    code = {503: "overloaded", 500: "generation_failed"}.get(status)
-    first = message.split(" ", 1)[0]
-    param = (params or {}).get(first) if status == 400 else None
-    return OpenAIError(status, message, param=param, code=code)

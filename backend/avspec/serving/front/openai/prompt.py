@@ -27,10 +27,12 @@ from avspec.serving.front.openai.errors import field_error
 
 @dataclass(frozen=True)
 class Prompt:
-    """`text_input` and `plain_spans` (flat [start, end, ...] UTF-8 byte offsets) of a request."""
+    """`text_input` and `plain_spans` (flat [start, end, ...] UTF-8 byte offsets) of a request,
+    and the OpenAI field it was made from (named by an error about the prompt)."""
 
     text: str
     plain_spans: tuple[int, ...] = ()
+    field: str = "prompt"
 
 
 def completion_prompt(text: str, special_tokens: bool) -> Prompt:
@@ -57,7 +59,7 @@ def chat_prompt(
     if tokenizer.add_bos and isinstance(bos, str) and bos and text.startswith(bos):
         text = text[len(bos) :]
         spans = tuple((a - len(bos), b - len(bos)) for a, b in spans)
-    return Prompt(text, _byte_offsets(text, spans))
+    return Prompt(text, _byte_offsets(text, spans), field="messages")
 
 
 def _byte_offsets(text: str, spans: tuple[tuple[int, int], ...]) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""The bodies of `/v1/completions` and `/v1/chat/completions`: parsed, checked, made sampling.
+"""The bodies of `/v1/completions` and `/v1/chat/completions`, as typed schemas (pydantic).
 
 What is accepted is what the entry model can honour: `max_tokens` (chat also
 `max_completion_tokens`), `temperature` (0..2, as OpenAI), `top_p` (0..1], `seed`, `stop` (a
@@ -7,47 +7,211 @@ cannot honour are refused unless they carry their neutral value (penalties 0, no
 logit bias, `best_of` 1, ...), and an unknown field is refused as the OpenAI API refuses it: a
 client never gets a silently different answer. The speculative settings of the entry
 (`num_draft_tokens`, `adaptive_verification`, `adaptive_drafting`) are accepted as extra fields
-(the official client's `extra_body`). Every refusal is a 400 naming the field.
+(the official client's `extra_body`). Validation is strict, as JSON types are: `1.0` is no `n`,
+`0` no `stream`. Each field's `description` is the rule a refusal states (front.openai.validation
+turns a ValidationError into the 400 naming the field).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from avspec.serving.front.openai.errors import OpenAIError, field_error
-from avspec.serving.front.policy import shown
-from avspec.serving.front.schema import parse_json
+from avspec.serving.front.openai.validation import validated
+from avspec.serving.front.schema import unicode_problem
 
 MAX_STOPS = 4
 MAX_MESSAGES = 1024  # a conversation's messages (each one costs the template a loop turn)
-_INT32_MAX = (1 << 31) - 1
-_SEED_SPAN = 1 << 64
+INT32_MAX = (1 << 31) - 1
+SEED_SPAN = 1 << 64
 EXTRAS = ("num_draft_tokens", "adaptive_verification", "adaptive_drafting")
-_COMMON = {
-    "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream",
-    "stream_options", "presence_penalty", "frequency_penalty", "logit_bias", "user", "logprobs",
-    *EXTRAS,
-}  # fmt: skip
-COMPLETION_FIELDS = frozenset(_COMMON | {"prompt", "echo", "suffix", "best_of"})
-CHAT_FIELDS = frozenset(
-    _COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format"}
-)
-# Accepted only with these values: what the entry does anyway.
-_NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "logit_bias": (None, {}),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
-    "suffix": (None, ""),
-    "best_of": (None, 1),
-    "response_format": (None, {"type": "text"}),
-}
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _unicode(text: str) -> str:
+    problem = unicode_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]  # text for the model: no lone surrogate
+NonEmpty = Annotated[str, Field(min_length=1)]
+Count = Annotated[int, Field(ge=1, le=INT32_MAX)]
+
+
+def _only(value: Any) -> Any:
+    """A parameter the entry cannot honour, accepted only as this very JSON value: `0.0`,
+    `false` and `0` are three different answers."""
+
+    def same(given: Any) -> Any:
+        if given != value:
+            raise ValueError(f"is not supported by this server (only {value!r})")
+        return given
+
+    return Annotated[type(value), AfterValidator(same)]
+
+
+def _unsupported(value: Any) -> Any:
+    return Field(None, description=f"is not supported by this server (only {value!r})")
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    RULE: ClassVar[str] = 'must be {"include_usage": a boolean}'
+
+    include_usage: bool = Field(False, description="must be a boolean")
+
+
+class _Request(BaseModel):
+    """What both routes take: the model, sampling, streaming, and the entry's settings."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    model: NonEmpty = Field(description="must be a non-empty string (see GET /v1/models)")
+    max_tokens: Count | None = Field(None, description=f"must be an integer in [1, {INT32_MAX}]")
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = Field(
+        None, description="must be a number in [0, 2]"
+    )
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = Field(
+        None, description="must be a number in [0, 1]"
+    )
+    seed: Annotated[int, Field(ge=-(1 << 63), lt=SEED_SPAN)] | None = Field(
+        None, description="must be a 64-bit integer"
+    )
+    stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=MAX_STOPS)] | None = Field(
+        None, description=f"must be a non-empty string or up to {MAX_STOPS} of them"
+    )
+    n: Annotated[int, Field(ge=1, le=1)] | None = Field(
+        None, description="must be the integer 1: this server returns one choice"
+    )
+    stream: bool | None = Field(None, description="must be a boolean")
+    stream_options: StreamOptions | None = Field(
+        None, description="is only allowed when stream is true"
+    )
+    presence_penalty: _only(0) | None = _unsupported(0)
+    frequency_penalty: _only(0) | None = _unsupported(0)
+    logit_bias: _only({}) | None = _unsupported({})
+    logprobs: _only(False) | _only(0) | None = _unsupported(0)
+    user: Any = None  # taken as sent and not used, as before
+    # the entry's speculative settings (its inputs' types; the entry checks their ranges)
+    num_draft_tokens: Annotated[int, Field(ge=-(1 << 31), le=INT32_MAX)] | None = Field(
+        None, description=f"must be an integer in [{-(1 << 31)}, {INT32_MAX}]"
+    )
+    adaptive_verification: bool | None = Field(None, description="must be a boolean")
+    adaptive_drafting: bool | None = Field(None, description="must be a boolean")
+
+    @field_validator("top_p")
+    @classmethod
+    def _top_p_in_float32(cls, top_p: float | None) -> float | None:
+        if top_p is not None and not np.float32(top_p) > 0:  # the entry samples in float32
+            raise ValueError("must be in (0, 1] (at least about 1.4e-45)")
+        return top_p
+
+    @field_validator("stream_options")
+    @classmethod
+    def _options_need_stream(
+        cls, options: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        if options is not None and not info.data.get("stream"):
+            raise ValueError("is only allowed when stream is true")
+        return options
+
+    def sampling(self, max_tokens: int) -> Sampling:
+        """How to generate `max_tokens` at most (the route picks it, or its default)."""
+        extras = {name: getattr(self, name) for name in EXTRAS if getattr(self, name) is not None}
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        return Sampling(
+            max_tokens=max_tokens,
+            temperature=1.0 if self.temperature is None else float(self.temperature),
+            top_p=1.0 if self.top_p is None else float(self.top_p),
+            seed=None if self.seed is None else self.seed % SEED_SPAN,
+            stop=tuple(dict.fromkeys(stops)),
+            stream=bool(self.stream),
+            include_usage=self.stream_options is not None and self.stream_options.include_usage,
+            extras=extras,
+        )
+
+
+class CompletionRequest(_Request):
+    """A `/v1/completions` body: one prompt."""
+
+    prompt: Text | Annotated[list[Text], Field(min_length=1, max_length=1)] = Field(
+        description="must be a non-empty string (one prompt per request)"
+    )
+    echo: _only(False) | None = _unsupported(False)
+    suffix: _only("") | None = _unsupported("")
+    best_of: _only(1) | None = _unsupported(1)
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, prompt: str | list[str]) -> str | list[str]:
+        if not (prompt if isinstance(prompt, str) else prompt[0]):
+            raise ValueError("must be a non-empty string (one prompt per request)")
+        return prompt
+
+    @property
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class TextPart(BaseModel):
+    """A content part of a message: only text."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+    RULE: ClassVar[str] = 'must be a text part {"type": "text", "text": a string}'
+
+    type: Literal["text"] = Field(description='must be "text": only text parts are supported')
+    text: Text = Field(description="must be a string")
+
+
+class Message(BaseModel):
+    """A chat message; its other fields go to the chat template as sent."""
+
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+    RULE: ClassVar[str] = "must be an object with role and content"
+
+    role: Literal[ROLES] = Field(description=f"must be one of {sorted(ROLES)}")
+    content: Text | list[TextPart] | None = Field(
+        None,
+        validate_default=True,
+        description="must be a string or an array of text parts",
+    )
+
+    @field_validator("content")
+    @classmethod
+    def _content_unless_assistant(
+        cls, content: str | list[TextPart] | None, info: ValidationInfo
+    ) -> str | list[TextPart] | None:
+        if content is None and info.data.get("role") != "assistant":
+            raise ValueError("must be a string (only an assistant's may be null)")
+        return content
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as the chat template gets it: its content one string."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        return {"role": self.role, "content": content or "", **(self.model_extra or {})}
+
+
+class ChatRequest(_Request):
+    """A `/v1/chat/completions` body: a conversation."""
+
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)] = Field(
+        description=f"must be a non-empty array of at most {MAX_MESSAGES} messages"
+    )
+    max_completion_tokens: Count | None = Field(
+        None, description=f"must be an integer in [1, {INT32_MAX}]"
+    )
+    top_logprobs: _only(0) | None = _unsupported(0)
+    response_format: _only({"type": "text"}) | None = _unsupported({"type": "text"})
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        return [message.for_template() for message in self.messages]
 
 
 @dataclass(frozen=True)
@@ -65,184 +229,14 @@ class Sampling:
     extras: dict[str, Any] = field(default_factory=dict)  # the entry's speculative settings
 
 
-@dataclass(frozen=True)
-class Completion:
-    model: str
-    prompt: str
-    sampling: Sampling
+def parse_completion(body: bytes, default_max_tokens: int) -> tuple[CompletionRequest, Sampling]:
+    """A `/v1/completions` body and its sampling; OpenAIError 400 naming the wrong field."""
+    request = validated(CompletionRequest, body)
+    return request, request.sampling(request.max_tokens or default_max_tokens)
 
 
-@dataclass(frozen=True)
-class Chat:
-    model: str
-    messages: list[dict[str, Any]]
-    sampling: Sampling
-
-
-def parse_completion(body: bytes, default_max_tokens: int) -> Completion:
-    """A `/v1/completions` body; OpenAIError 400 naming the field that is wrong."""
-    document = _object(body, COMPLETION_FIELDS)
-    prompt = document.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt:
-        raise field_error("prompt", "prompt must be a non-empty string (one prompt per request)")
-    max_tokens = _max_tokens(document, ("max_tokens",), default_max_tokens)
-    return Completion(_model(document), prompt, _sampling(document, max_tokens))
-
-
-def parse_chat(body: bytes, default_max_tokens: int) -> Chat:
-    """A `/v1/chat/completions` body; OpenAIError 400 naming the field that is wrong."""
-    document = _object(body, CHAT_FIELDS)
-    messages = document.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise field_error("messages", "messages must be a non-empty array of messages")
-    if len(messages) > MAX_MESSAGES:
-        raise field_error(
-            "messages", f"messages holds {len(messages)} messages; at most {MAX_MESSAGES}"
-        )
-    checked = [_message(message, i) for i, message in enumerate(messages)]
-    names = ("max_completion_tokens", "max_tokens")
-    max_tokens = _max_tokens(document, names, default_max_tokens)
-    return Chat(_model(document), checked, _sampling(document, max_tokens))
-
-
-def _object(body: bytes, fields: frozenset[str]) -> dict[str, Any]:
-    try:
-        document = parse_json(body)
-    except (ValueError, RecursionError) as err:
-        raise OpenAIError(400, f"request body is not valid JSON: {err}") from None
-    if not isinstance(document, dict):
-        raise OpenAIError(400, "request body must be a JSON object")
-    for name in document:
-        if name not in fields:
-            raise field_error(
-                shown(name)[1:-1], f"unrecognized request argument supplied: {shown(name)}"
-            )
-    for name, allowed in _NEUTRAL.items():
-        if name in document and not any(_same(document[name], a) for a in allowed):
-            raise field_error(
-                name,
-                f"{name} is not supported by this server (only {allowed[-1]!r}), "
-                f"got {shown(document[name])}",
-            )
-    return document
-
-
-def _same(value: Any, allowed: Any) -> bool:
-    """Equal and of the same JSON type: `0.0`, `false` and `0` are three different answers."""
-    return type(value) is type(allowed) and value == allowed
-
-
-def _model(document: dict[str, Any]) -> str:
-    model = document.get("model")
-    if not isinstance(model, str) or not model:
-        raise field_error("model", "model must be a non-empty string (see GET /v1/models)")
-    return model
-
-
-def _number(document: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
-    value = document.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
-        raise field_error(
-            name, f"{name} must be a number in [{low:g}, {high:g}], got {shown(value)}"
-        )
-    return float(value)
-
-
-def _max_tokens(document: dict[str, Any], names: tuple[str, ...], default: int) -> int:
-    for name in names:
-        value = document.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _INT32_MAX:
-            raise field_error(
-                name, f"{name} must be an integer in [1, {_INT32_MAX}], got {shown(value)}"
-            )
-        return value
-    return default
-
-
-def _sampling(document: dict[str, Any], max_tokens: int) -> Sampling:
-    n = document.get("n")
-    if n is not None and not _same(n, 1):
-        raise field_error(
-            "n", f"n must be the integer 1: this server returns one choice, got {shown(n)}"
-        )
-    top_p = _number(document, "top_p", 1.0, 0.0, 1.0)
-    if not np.float32(top_p) > 0:  # the entry samples in float32: 1e-300 would be 0 there
-        raise field_error(
-            "top_p", f"top_p must be in (0, 1] (at least about 1.4e-45), got {shown(top_p)}"
-        )
-    stream = document.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise field_error("stream", f"stream must be a boolean, got {shown(stream)}")
-    seed = document.get("seed")
-    if seed is not None and (
-        isinstance(seed, bool) or not isinstance(seed, int) or not -(1 << 63) <= seed < _SEED_SPAN
-    ):
-        raise field_error("seed", f"seed must be a 64-bit integer, got {shown(seed)}")
-    extras = {name: document[name] for name in EXTRAS if document.get(name) is not None}
-    return Sampling(
-        max_tokens=max_tokens,
-        temperature=_number(document, "temperature", 1.0, 0.0, 2.0),
-        top_p=top_p,
-        seed=None if seed is None else seed % _SEED_SPAN,
-        stop=_stops(document.get("stop")),
-        stream=bool(stream),
-        include_usage=_include_usage(document.get("stream_options"), bool(stream)),
-        extras=extras,
-    )
-
-
-def _stops(value: Any) -> tuple[str, ...]:
-    stops = [value] if isinstance(value, str) else value
-    if stops is None:
-        return ()
-    if (
-        not isinstance(stops, list)
-        or len(stops) > MAX_STOPS
-        or not all(isinstance(s, str) and s for s in stops)
-    ):
-        raise field_error(
-            "stop",
-            f"stop must be a non-empty string or up to {MAX_STOPS} of them, got {shown(value)}",
-        )
-    return tuple(dict.fromkeys(stops))
-
-
-def _include_usage(options: Any, stream: bool) -> bool:
-    if options is None:
-        return False
-    if not stream:
-        raise field_error("stream_options", "stream_options is only allowed when stream is true")
-    if not isinstance(options, dict) or set(options) - {"include_usage"}:
-        raise field_error("stream_options", "stream_options takes only include_usage")
-    include = options.get("include_usage", False)
-    if not isinstance(include, bool):
-        raise field_error("stream_options", "stream_options.include_usage must be a boolean")
-    return include
-
-
-def _message(message: Any, index: int) -> dict[str, Any]:
-    """A chat message with its content as one string (text parts joined)."""
-    where = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise field_error(where, f"{where} must be an object with role and content")
-    role = message.get("role")
-    if role not in ROLES:
-        raise field_error(f"{where}.role", f"{where}.role must be one of {sorted(ROLES)}")
-    content = message.get("content")
-    if isinstance(content, list):
-        if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-            raise field_error(f"{where}.content", "only text content parts are supported")
-        if not all(isinstance(p.get("text"), str) for p in content):
-            raise field_error(f"{where}.content", "a text content part needs a string text")
-        content = "".join(p["text"] for p in content)
-    if content is None and role == "assistant":
-        content = ""
-    if not isinstance(content, str):
-        raise field_error(f"{where}.content", f"{where}.content must be a string")
-    return {**message, "content": content}
+def parse_chat(body: bytes, default_max_tokens: int) -> tuple[ChatRequest, Sampling]:
+    """A `/v1/chat/completions` body and its sampling; OpenAIError 400 naming the wrong field."""
+    request = validated(ChatRequest, body)
+    max_tokens = request.max_completion_tokens or request.max_tokens or default_max_tokens
+    return request, request.sampling(max_tokens)
