@@ -193,25 +193,20 @@ _PER_SEQUENCE = (
 )
 
 
-def read_step_inputs(inputs: StepInputs, max_draft_tokens: int) -> HostStep:
+def read_step_inputs(inputs: StepInputs, max_draft_tokens: int, check: bool = True) -> HostStep:
     """Check `inputs` against the contract and read its bookkeeping vectors to the host.
 
     Host-side by design: the scheduler builds these small vectors on the CPU, and the stages
-    need them as Python ints to pack the ragged batch and apply the cache rule.
+    need them as Python ints to pack the ragged batch and apply the cache rule. The check runs
+    once a step, where the step enters its first stage (the draft's); the target, which gets
+    the same inputs after the draft, reads them with `check=False`.
     """
     batch = inputs.batch_size
-    check_shape("seq_ids", inputs.seq_ids, (batch,))
-    check_shape("input_ids", inputs.input_ids, (batch, None))
-    for name in _PER_SEQUENCE:
-        check_shape(name, getattr(inputs, name), (batch,))
-    check_shape("prev_num_accepted", inputs.prev_num_accepted, (None,))
-    check_shape("release_seq_ids", inputs.release_seq_ids, (None,))
     drafting = inputs.adaptive_drafting
     if drafting.numel() == 0:  # not sent: fixed drafting
         drafting = torch.zeros(batch, dtype=torch.bool)
-    check_shape("adaptive_drafting", drafting, (batch,))
-    check_shape("draft_plan", inputs.draft_plan, (None,))
-    check_shape("prev_timing_ms", inputs.prev_timing_ms, (None,))
+    if check:
+        _check_shapes(inputs, drafting)
     step = HostStep(
         seq_ids=inputs.seq_ids.tolist(),
         input_lengths=inputs.input_lengths.tolist(),
@@ -223,6 +218,26 @@ def read_step_inputs(inputs: StepInputs, max_draft_tokens: int) -> HostStep:
         adaptive=inputs.adaptive.tolist(),
         adaptive_drafting=drafting.tolist(),
     )
+    if check:
+        _check_values(inputs, step, max_draft_tokens)
+    return step
+
+
+def _check_shapes(inputs: StepInputs, drafting: torch.Tensor) -> None:
+    batch = inputs.batch_size
+    check_shape("seq_ids", inputs.seq_ids, (batch,))
+    check_shape("input_ids", inputs.input_ids, (batch, None))
+    for name in _PER_SEQUENCE:
+        check_shape(name, getattr(inputs, name), (batch,))
+    check_shape("prev_num_accepted", inputs.prev_num_accepted, (None,))
+    check_shape("release_seq_ids", inputs.release_seq_ids, (None,))
+    check_shape("adaptive_drafting", drafting, (batch,))
+    check_shape("draft_plan", inputs.draft_plan, (None,))
+    check_shape("prev_timing_ms", inputs.prev_timing_ms, (None,))
+
+
+def _check_values(inputs: StepInputs, step: HostStep, max_draft_tokens: int) -> None:
+    batch = inputs.batch_size
     width = inputs.input_ids.shape[1]
     if len(set(step.seq_ids)) != batch:
         raise ValueError(f"seq_ids must be distinct, got {step.seq_ids}")
@@ -242,7 +257,6 @@ def read_step_inputs(inputs: StepInputs, max_draft_tokens: int) -> HostStep:
         raise ValueError("temperature must be >= 0")
     if bool(((inputs.top_p <= 0) | (inputs.top_p > 1) | torch.isnan(inputs.top_p)).any()):
         raise ValueError("top_p must lie in (0, 1]")
-    return step
 
 
 def base_tokens(

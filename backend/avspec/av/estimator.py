@@ -74,22 +74,12 @@ class AcceptanceEstimator:
         changes. check_values=True also rejects non-finite features / predictions, predictions
         outside [0, 1] and out-of-range counts (a host sync on CUDA); with False, such entries
         are left unlabelled (counts are clipped, a negative num_accepted labels nothing) so they
-        never reach the coefficients.
+        never reach the coefficients. The verifier passes its own `check_values` (False in the
+        stages: what it hands on was checked where the step entered the stage).
         """
-        self._check_features("features", features)
-        batch, positions = features.shape
-        check_shape("predictions", predictions, (batch, positions))
-        check_shape("num_verified", num_verified, (batch,))
-        check_shape("num_accepted", num_accepted, (batch,))
-        check_same_device(
-            features=features,
-            predictions=predictions,
-            num_verified=num_verified,
-            num_accepted=num_accepted,
-        )
-        for name, t in (("num_verified", num_verified), ("num_accepted", num_accepted)):
-            if t.dtype.is_floating_point or t.dtype == torch.bool or t.dtype.is_complex:
-                raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
+        if check_values:
+            self._check_arguments(features, predictions, num_verified, num_accepted)
+        positions = features.shape[1]
         if check_values:
             self._check_values(features, predictions, num_verified, num_accepted, positions)
         labels, mask = verification_labels(num_verified, num_accepted, positions)
@@ -192,6 +182,28 @@ class AcceptanceEstimator:
         self._bins.copy_(bins)
         self._last_bins.copy_(last_bins)
         self.num_steps, self.num_refits = num_steps, num_refits
+
+    def _check_arguments(
+        self,
+        features: torch.Tensor,
+        predictions: torch.Tensor,
+        num_verified: torch.Tensor,
+        num_accepted: torch.Tensor,
+    ) -> None:
+        self._check_features("features", features)
+        batch, positions = features.shape
+        check_shape("predictions", predictions, (batch, positions))
+        check_shape("num_verified", num_verified, (batch,))
+        check_shape("num_accepted", num_accepted, (batch,))
+        check_same_device(
+            features=features,
+            predictions=predictions,
+            num_verified=num_verified,
+            num_accepted=num_accepted,
+        )
+        for name, t in (("num_verified", num_verified), ("num_accepted", num_accepted)):
+            if t.dtype.is_floating_point or t.dtype == torch.bool or t.dtype.is_complex:
+                raise ValueError(f"{name} must be an integer tensor, got {t.dtype}")
 
     def _check_features(self, name: str, features: torch.Tensor) -> None:
         check_shape(name, features, (None, None))

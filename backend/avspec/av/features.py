@@ -24,8 +24,23 @@ def logit_qmax(
 
     logits: [batch, position, vocab]; -inf entries (masked vocabulary) are allowed.
     temperature: [batch] or a scalar; 0 (greedy) is treated as 1.
-    check_values: reject NaN / +inf logits (a host sync on CUDA; pass False in the GPU hot path).
+    check_values: validate the arguments (shapes, devices; NaN / +inf logits: a host sync on
+    CUDA); the stages pass False, their inputs checked once where the step enters a stage.
     """
+    if check_values:
+        _check_arguments(logits, temperature)
+    z = scaled_logits(logits, temperature)  # [batch, position, vocab]
+    m, top = z.max(dim=-1, keepdim=True)  # [batch, position, 1]
+    # exp(z - m) of the non-max entries, summed: no subtraction from 1, so no cancellation
+    # when q_max is close to 1 (the sum just shrinks towards 0 and f towards +clamp).
+    others = torch.exp(z - m).scatter_(-1, top, 0.0)
+    f = -torch.log(others.sum(dim=-1))  # [batch, position]
+    # An all -inf row (m = -inf) gives NaN above; such a row counts as one-hot (+clamp).
+    f = torch.where(torch.isfinite(m.squeeze(-1)), f, clamp)
+    return f.clamp(-clamp, clamp)
+
+
+def _check_arguments(logits: torch.Tensor, temperature: torch.Tensor | float) -> None:
     check_shape("logits", logits, (None, None, None))
     if logits.shape[2] < 1:
         raise ValueError("logits must have a non-empty vocab dimension")
@@ -36,19 +51,9 @@ def logit_qmax(
             check_shape("temperature", temperature, (logits.shape[0],))
         if temperature.device != logits.device:
             raise ValueError(f"temperature on {temperature.device} but logits on {logits.device}")
-    if check_values:
-        check_finite("logits", logits)
-        if isinstance(temperature, torch.Tensor):
-            check_finite("temperature", temperature)
-    z = scaled_logits(logits, temperature)  # [batch, position, vocab]
-    m, top = z.max(dim=-1, keepdim=True)  # [batch, position, 1]
-    # exp(z - m) of the non-max entries, summed: no subtraction from 1, so no cancellation
-    # when q_max is close to 1 (the sum just shrinks towards 0 and f towards +clamp).
-    others = torch.exp(z - m).scatter_(-1, top, 0.0)
-    f = -torch.log(others.sum(dim=-1))  # [batch, position]
-    # An all -inf row (m = -inf) gives NaN above; such a row counts as one-hot (+clamp).
-    f = torch.where(torch.isfinite(m.squeeze(-1)), f, clamp)
-    return f.clamp(-clamp, clamp)
+    check_finite("logits", logits)
+    if isinstance(temperature, torch.Tensor):
+        check_finite("temperature", temperature)
 
 
 def scaled_logits(logits: torch.Tensor, temperature: torch.Tensor | float) -> torch.Tensor:

@@ -30,7 +30,9 @@ is safe. The same holds for the plan handed to the next step's draft
 (tests/unit/av/test_drafting_exact.py proves both by exact enumeration).
 
 Host-side work: seq ids are read on the host (a device `seq_ids` is copied, which syncs) to
-match rows; `check_values=True` also validates values on the host; the cost refresh reads the
+match rows; `check_values=True` also validates the inputs (shapes, devices, values) on the host,
+for callers outside the step (the stages leave it off: the step's inputs are checked once, where
+they enter the draft stage, `avspec.contract.read_step_inputs`); the cost refresh reads the
 previous step's drafted counts (long finished by then). Everything else stays on the features'
 device.
 """
@@ -93,7 +95,7 @@ class AdaptiveVerifier:
         self,
         estimator: AcceptanceEstimator,
         cost: StepCost,
-        check_values: bool = True,
+        check_values: bool = False,
         refresh: CostRefresh | None = None,
         drafting: bool = True,
     ) -> None:
@@ -116,8 +118,8 @@ class AdaptiveVerifier:
         """Decide num_verify for one step; see the module docstring for the order of work and
         VerifierInputs for the fields. A length of prev_num_accepted other than the previous
         batch drops that record (counted in num_dropped_records). An empty batch labels the
-        previous step, returns empty tensors and does not count as a decode step. Bad input
-        raises ValueError before any state changes.
+        previous step, returns empty tensors and does not count as a decode step. With
+        `check_values`, bad input raises ValueError before any state changes.
         """
         num_drafted = (
             inputs.num_drafted if inputs.num_drafted is not None else inputs.num_draft_tokens
@@ -128,7 +130,10 @@ class AdaptiveVerifier:
             else torch.zeros_like(inputs.adaptive)
         )
         inputs = replace(inputs, num_drafted=num_drafted, adaptive_drafting=adaptive_drafting)
-        ids, released = self._validate(inputs, num_drafted, adaptive_drafting)
+        if self.check_values:
+            self._validate(inputs, num_drafted, adaptive_drafting)
+        ids = [int(i) for i in inputs.seq_ids.tolist()]
+        released = [int(i) for i in inputs.release_seq_ids.tolist()]
         features, num_draft_tokens, adaptive = (
             inputs.features,
             inputs.num_draft_tokens,
@@ -267,9 +272,9 @@ class AdaptiveVerifier:
 
     def _validate(
         self, inputs: VerifierInputs, num_drafted: torch.Tensor, adaptive_drafting: torch.Tensor
-    ) -> tuple[list[int], list[int]]:
-        """(sequence ids, released ids) of valid inputs (`num_drafted` and `adaptive_drafting`:
-        the inputs' own, filled in); ValueError naming the first problem."""
+    ) -> None:
+        """ValueError naming the first problem of `inputs` (`num_drafted` and
+        `adaptive_drafting`: the inputs' own, filled in)."""
         seq_ids, features, num_draft_tokens = (
             inputs.seq_ids,
             inputs.features,
@@ -316,9 +321,7 @@ class AdaptiveVerifier:
         ids = [int(i) for i in seq_ids.cpu().tolist()]
         if len(set(ids)) != len(ids):
             raise ValueError(f"seq_ids must be distinct, got {ids}")
-        if self.check_values:
-            self._check_values(features, num_draft_tokens, num_drafted, prev_num_accepted)
-        return ids, [int(i) for i in release_seq_ids.cpu().tolist()]
+        self._check_values(features, num_draft_tokens, num_drafted, prev_num_accepted)
 
     def _check_values(
         self,

@@ -72,10 +72,13 @@ def rejection_sample(
     Randomness: `generators` (one per request: K + 1 uniforms each, or `stream_positions` + 1
     with the accept tests cut to K, so a caller verifying a prefix of a longer draft window
     keeps every request's stream as the window's), or `noise` = (uniforms [batch, K] for the
-    accept tests, draw [batch] for the token), in [0, 1). `check_values` validates value ranges
-    and what is read (a host sync on CUDA). An empty batch returns empty outputs.
+    accept tests, draw [batch] for the token), in [0, 1). `check_values` validates the
+    arguments: shapes, devices, value ranges and what is read (a host sync on CUDA); the target
+    stage passes False, its inputs checked once where the step entered it. An empty batch
+    returns empty outputs.
     """
-    _check_drafts(draft_tokens)
+    if check_values:
+        _check_drafts(draft_tokens)
     batch, num_pos = draft_tokens.shape
     device = draft_tokens.device
     if (generators is None) == (noise is None):
@@ -83,10 +86,11 @@ def rejection_sample(
     if first_position is None:
         if callable(target_probs):
             raise ValueError("target_probs as a function needs first_position")
-        check_shape("target_probs", target_probs, (batch, num_pos + 1, None))
+        if check_values:
+            check_shape("target_probs", target_probs, (batch, num_pos + 1, None))
         first_position = torch.arange(batch, device=device) * (num_pos + 1)
         target_probs = target_probs.flatten(0, 1)
-    else:
+    elif check_values:
         check_shape("first_position", first_position, (batch,))
         _check_integer("first_position", first_position)
     if noise is None:
@@ -94,16 +98,18 @@ def rejection_sample(
         uniforms, draw = _window_noise(generators, batch, num_pos, stream_positions, device)
     else:
         uniforms, draw = noise
-        check_shape("uniforms", uniforms, (batch, num_pos))
-        check_shape("draw", draw, (batch,))
+        if check_values:
+            check_shape("uniforms", uniforms, (batch, num_pos))
+            check_shape("draw", draw, (batch,))
     if callable(target_probs):
         return _by_depth(
             draft_tokens, draft_probs, target_probs, first_position, num_verify, uniforms, draw,
             check_values,
         )  # fmt: skip
-    check_shape("target_probs", target_probs, (None, None))
-    _check_probs(draft_tokens, draft_probs, target_probs, num_verify, check_values)
-    check_same_device(target_probs=target_probs, first_position=first_position)
+    if check_values:
+        check_shape("target_probs", target_probs, (None, None))
+        _check_probs(draft_tokens, draft_probs, target_probs, num_verify)
+        check_same_device(target_probs=target_probs, first_position=first_position)
     if check_values and batch > 0:
         last = first_position.long() + num_verify.long()
         if bool(((first_position < 0) | (last >= target_probs.shape[0])).any()):
@@ -180,7 +186,8 @@ def _by_depth(
             break
         p = probs_at(first[live] + depth).float()  # [n, vocab]
         if p_at is None:  # depth 0, every row: num_verify checked before any test reads it
-            _check_probs(tokens, draft_probs, p, num_verify, check_values)
+            if check_values:
+                _check_probs(tokens, draft_probs, p, num_verify)
             p_at = p.new_empty(batch, p.shape[-1])
         testing = verify[live] > depth
         accepted = torch.zeros_like(testing)
@@ -283,7 +290,6 @@ def _check_probs(
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
     num_verify: torch.Tensor,
-    check_values: bool,
 ) -> None:
     """The checks both forms share, once target_probs' leading dims are checked."""
     batch, num_pos = draft_tokens.shape
@@ -300,7 +306,7 @@ def _check_probs(
     )
     _check_integer("draft_tokens", draft_tokens)
     _check_integer("num_verify", num_verify)
-    if check_values and batch > 0:  # the values themselves: where they are read (`_check_read`)
+    if batch > 0:  # the values themselves: where they are read (`_check_read`)
         if bool(((draft_tokens < 0) | (draft_tokens >= vocab)).any()):
             raise ValueError(f"draft_tokens must lie in 0..{vocab - 1}")
         if bool(((num_verify < 0) | (num_verify > num_pos)).any()):

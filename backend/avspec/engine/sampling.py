@@ -34,17 +34,11 @@ def warp_probs(
     temperature [batch] (0 = greedy: one-hot on the argmax, ties to the lowest token id), top_p
     [batch] in (0, 1]: keep the smallest set of most probable tokens whose mass >= top_p (the top
     token always), renormalise. -inf logits are masked tokens. `check_values` validates the
-    temperature / top_p ranges and logits finiteness (a host sync on CUDA).
+    arguments (shapes, devices, temperature / top_p ranges, logits finiteness: a host sync on
+    CUDA); the stages pass False, their inputs checked once where the step enters a stage.
     """
-    check_shape("logits", logits, (None, None, None))
-    batch, _, vocab = logits.shape
-    check_shape("temperature", temperature, (batch,))
-    check_shape("top_p", top_p, (batch,))
-    check_same_device(logits=logits, temperature=temperature, top_p=top_p)
-    if vocab == 0:
-        raise ValueError("logits must have a non-empty vocab dimension")
     if check_values:
-        _check_warp_values(logits, temperature, top_p)
+        _check_warp_arguments(logits, temperature, top_p)
     logits = logits.float()
     greedy = (temperature == 0)[:, None, None]  # [batch, 1, 1]
     if logits.device.type == "cpu" and bool(greedy.all()):
@@ -78,12 +72,9 @@ def draft_warp(
     vocab = logits.shape[-1]
     if top_k <= 0 or top_k >= vocab:
         return warp_probs(logits, temperature, top_p, check_values=check_values)
-    check_shape("logits", logits, (None, 1, None))
-    batch = logits.shape[0]
-    check_shape("temperature", temperature, (batch,))
-    check_shape("top_p", top_p, (batch,))
     if check_values:
-        _check_warp_values(logits, temperature, top_p)
+        check_shape("logits", logits, (None, 1, None))
+        _check_warp_arguments(logits, temperature, top_p)
     logits = logits.float()
     values, index = torch.topk(logits, top_k, dim=-1)  # [batch, 1, top_k], descending
     greedy = (temperature == 0)[:, None, None]
@@ -102,9 +93,16 @@ def _scale(temperature: torch.Tensor) -> torch.Tensor:
     return torch.where(temperature > 0, temperature, torch.ones_like(temperature))
 
 
-def _check_warp_values(
+def _check_warp_arguments(
     logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor
 ) -> None:
+    check_shape("logits", logits, (None, None, None))
+    batch, _, vocab = logits.shape
+    check_shape("temperature", temperature, (batch,))
+    check_shape("top_p", top_p, (batch,))
+    check_same_device(logits=logits, temperature=temperature, top_p=top_p)
+    if vocab == 0:
+        raise ValueError("logits must have a non-empty vocab dimension")
     check_finite("temperature", temperature)
     check_finite("top_p", top_p)
     if bool((temperature < 0).any()):
@@ -185,14 +183,14 @@ def sample(
     """Draw one token per row of probs [batch, vocab] -> tokens [batch] int64.
 
     Row r uses only generators[r] (one uniform per call), so a request's draws never depend on
-    which other requests share the batch.
+    which other requests share the batch. `check_values`: validate the arguments first (the
+    stages pass False).
     """
-    check_shape("probs", probs, (None, None))
-    batch, vocab = probs.shape
-    check_generators("generators", generators, batch, probs.device)
-    if vocab == 0:
-        raise ValueError("probs must have a non-empty vocab dimension")
     if check_values:
+        check_shape("probs", probs, (None, None))
+        check_generators("generators", generators, probs.shape[0], probs.device)
+        if probs.shape[1] == 0:
+            raise ValueError("probs must have a non-empty vocab dimension")
         check_finite("probs", probs)
         if bool((probs < 0).any()) or bool((probs.sum(dim=-1) <= 0).any()):
             raise ValueError("probs must be non-negative with a positive sum per row")

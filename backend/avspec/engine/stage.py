@@ -127,7 +127,13 @@ class SequenceSlots:
 
 
 class ModelStage:
-    """Base of the draft and target stages: a model, K, and its `SequenceSlots` salted by SALT."""
+    """Base of the draft and target stages: a model, K, and its `SequenceSlots` salted by SALT.
+
+    The step's inputs are checked once, where they enter the draft stage
+    (`avspec.contract.read_step_inputs`); inside, the stages trust them and hand what they make
+    on unchecked. `check_values=True` re-validates every call's arguments and values (shapes,
+    ranges, NaN / inf: a host sync on CUDA), for tests and debugging.
+    """
 
     SALT: int
 
@@ -138,7 +144,7 @@ class ModelStage:
         max_draft_tokens: int,
         idle_timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
-        check_values: bool = True,
+        check_values: bool = False,
         vocab_limit: int | None = None,
     ) -> None:
         if max_draft_tokens < 1:

@@ -73,8 +73,11 @@ class TargetStage(ModelStage):
         """
         started = time.perf_counter()
         k, vocab = self.max_draft_tokens, self.vocab_width
-        step = read_step_inputs(inputs, k)
-        verify = check_verify_inputs(step, k, vocab, draft_tokens, draft_probs, num_verify)
+        step = read_step_inputs(inputs, k, check=self.check_values)  # checked by the draft
+        if self.check_values:
+            verify = check_verify_inputs(step, k, vocab, draft_tokens, draft_probs, num_verify)
+        else:
+            verify = num_verify.tolist()
         offsets = self.slots.prepare(step)
         if inputs.batch_size == 0:
             empty = torch.zeros(0, dtype=torch.int32, device=self.device)

@@ -288,7 +288,7 @@ BAD_CASES = [
 
 @pytest.mark.parametrize(("change", "match"), BAD_CASES)
 def test_bad_input_raises_and_changes_nothing(change, match):
-    verifier = _verifier()
+    verifier = _verifier(check_values=True)  # the stages leave it off: checked at their door
     verifier.step(_args([1, 2], [[1.0] * 3] * 2))
     before = _state(verifier)
     args = replace(_args([1, 2], [[0.5] * 3] * 2, prev=[1, 1]), **change)
@@ -388,7 +388,7 @@ def test_num_drafted_defaults_to_the_caps():
 
 
 def test_num_drafted_above_the_cap_is_rejected():
-    verifier = _verifier()
+    verifier = _verifier(check_values=True)
     with pytest.raises(ValueError, match="num_drafted must lie in 0..num_draft_tokens"):
         verifier.step(_args([1], [[0.0] * 3], ndt=[2], drafted=[3]))
     assert verifier.num_steps == 0 and verifier._pending is None

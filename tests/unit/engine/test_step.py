@@ -7,12 +7,13 @@ draft proposes and whatever the verifier trims; sampled output must not depend o
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 from helpers.generation import generate
 from helpers.hf_dirs import save_transformer_dir
-from helpers.stages import K, perturbed, tiny_model
+from helpers.stages import K, make_inputs, perturbed, tiny_model
 
 from avspec.av.step_cost import StepCost
 from avspec.engine.scheduler import Scheduler
@@ -306,3 +307,27 @@ def test_vocab_limit_must_fit_the_model(pair) -> None:
             SpeculativeStep.from_models(target, draft, K, 4, 64, vocab_limit=bad)
     step = SpeculativeStep.from_models(target, draft, K, 4, 64, vocab_limit=257)
     assert step.draft.vocab_limit is None and step.target.vocab_limit is None  # nothing padded
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"input_lengths": torch.tensor([9], dtype=torch.int32)}, r"input_lengths\[0\] = 9"),
+        ({"temperature": torch.tensor([1.0, 1.0])}, "temperature must have shape"),
+        ({"num_draft_tokens": torch.tensor([K + 1], dtype=torch.int32)}, "num_draft_tokens"),
+        ({"top_p": torch.tensor([1.5])}, "top_p must lie in"),
+    ],
+)
+def test_bad_step_inputs_are_refused_once_at_the_draft_stage(pair, change, match) -> None:
+    """Validation once: the step's inputs are checked where they enter the draft stage, the
+    first stage of a step, before any stage's state changes; the verifier and the target trust
+    them (their `check_values` is off)."""
+    step = build(*pair)
+    assert not step.verifier.check_values and not step.target.check_values
+    good = make_inputs([{"seq_id": 1, "tokens": [5, 6, 7]}])
+    with pytest.raises(ValueError, match=match):
+        step(replace(good, **change))
+    assert not step.draft.slots._generators and not step.target.slots._generators
+    assert step.verifier.num_steps == 0
+    step(good)  # the pair still serves
+    assert step.verifier.num_steps == 1

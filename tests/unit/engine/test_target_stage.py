@@ -157,7 +157,7 @@ def test_idle_timeout_frees() -> None:
     ],
 )
 def test_bad_verify_inputs(verify, drafts_shape, probs_shape, match) -> None:
-    stage = make_target_stage(tiny_model(14, layers=1))
+    stage = make_target_stage(tiny_model(14, layers=1), check_values=True)
     inputs = make_inputs([{"seq_id": 1, "tokens": [1], "n": 2}])
     with pytest.raises(ValueError, match=match):
         stage(inputs, torch.zeros(drafts_shape, dtype=torch.int32), torch.zeros(probs_shape),
@@ -382,7 +382,8 @@ def test_q_for_fewer_positions_verifies_and_draws_as_the_full_window(width: int)
     model = tiny_model(21)
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(width)
-    short, full = make_target_stage(model), make_target_stage(model)
+    short = make_target_stage(model, check_values=True)
+    full = make_target_stage(model)
     rows = [{"seq_id": r + 1, "tokens": [3 + r, 5, 7], "seed": r, "temperature": 0.9,
              "top_p": 0.9} for r in range(3)]  # fmt: skip
     for step in range(20):
