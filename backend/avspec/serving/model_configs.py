@@ -202,7 +202,7 @@ def stage_parameters(model_dir: str, draft: bool, **values: object) -> dict[str,
         StageParams,
         skip=() if draft else ("draft_top_k", "draft_vocab"),
         model_dir=model_dir,
-        **{**served, **draft_only, **values},
+        **{**served, **draft_only, **values},  # type: ignore[arg-type]
     )
 
 
@@ -221,7 +221,7 @@ def verifier_parameters(**values: object) -> dict[str, str]:
         ),
     )
     served = {"cost_tables": "host", "snapshot_path": "runs/estimator_snapshot.json"}
-    return {**estimator, **parameters(VerifierParams, **{**served, **values})}
+    return {**estimator, **parameters(VerifierParams, **{**served, **values})}  # type: ignore[arg-type]
 
 
 def ensemble(stages: Sequence[mc.ModelConfig]) -> mc.ModelConfig:

@@ -301,7 +301,7 @@ class GrpcRelay(grpc.GenericRpcHandler):
             return code, message
         return None
 
-    async def _unary(
+    async def _unary(  # type: ignore[return]
         self, rpc: str, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
         """Forward a unary call within a slot of the total; health calls need none."""
@@ -313,7 +313,7 @@ class GrpcRelay(grpc.GenericRpcHandler):
         except Full as err:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
 
-    async def _forward_unary(
+    async def _forward_unary(  # type: ignore[return]
         self, rpc: str, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
         if rpc not in _HEALTH_RPCS:
@@ -366,7 +366,7 @@ class GrpcRelay(grpc.GenericRpcHandler):
                 # aclosing: the relay's cleanup (cancelling Triton's call) runs before the slot
                 # is given back, not whenever the generator is collected
                 relay = self._relay_stream(method, requests, context)
-                async with contextlib.aclosing(relay) as responses:
+                async with contextlib.aclosing(relay) as responses:  # type: ignore[type-var]
                     async for response in responses:
                         yield response
         except Full as err:

@@ -271,7 +271,8 @@ class HttpRelay:
                 raise HttpError(417, "only 'Expect: 100-continue' is supported")
             if request.version == HttpVersion11:
                 # answered here, never by Triton (it crashes on large bodies after 100-continue)
-                await _default_expect_handler(request)  # aiohttp's interim 100 Continue
+                # aiohttp's interim 100 Continue (typed for web.Request, works on any request)
+                await _default_expect_handler(request)  # type: ignore[arg-type]
         body = bytearray()
         try:
             async with asyncio.timeout(self.config.read_timeout_s):

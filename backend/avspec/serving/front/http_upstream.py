@@ -82,7 +82,7 @@ class Upstream:
         )
 
     def _tcp_base(self) -> str:
-        host, port = self._address
+        host, port = self._address  # type: ignore[str-unpack]
         return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
     async def close(self) -> None:

@@ -43,7 +43,7 @@ class MetricsRelay:
         )
         await site.start()
         server = site._server  # aiohttp keeps the asyncio server; its socket has the port
-        self.port = server.sockets[0].getsockname()[1] if server is not None else 0
+        self.port = server.sockets[0].getsockname()[1] if server is not None else 0  # type: ignore[attr-defined]
 
     async def close(self) -> None:
         if self._runner is not None:

@@ -191,7 +191,7 @@ def _own_entries(directory: Path, kind: object) -> list[Path]:
             info = path.lstat()
         except OSError:
             continue
-        if kind(info.st_mode) and info.st_uid == uid:
+        if kind(info.st_mode) and info.st_uid == uid:  # type: ignore[operator]
             found.append(path)
     return sorted(found)
 

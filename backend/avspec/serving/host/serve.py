@@ -107,7 +107,7 @@ def keep_serving(server: ServerProcess, budget: RestartBudget) -> int | None:
     and answers 503 with Retry-After while tritonserver is down.
     """
     while True:
-        while (code := server.process.poll()) is None:
+        while (code := server.process.poll()) is None:  # type: ignore[union-attr]
             time.sleep(0.5)
         server.mark_down(f"tritonserver exited with code {code}; restarting, retry shortly")
         while True:

@@ -186,7 +186,7 @@ class ServerProcess:
             self.run_dir = Path(tempfile.mkdtemp(prefix="avspec-run-"))
             self._backends = self._prepare_backends(self.run_dir)
             if self._drops_privileges:
-                os.chown(self.run_dir, self.user.uid, self.user.gid)
+                os.chown(self.run_dir, self.user.uid, self.user.gid)  # type: ignore[union-attr]
             self.internal_metrics_port = free_port()
             self._launch()
             self.wait_ready()
@@ -280,7 +280,7 @@ class ServerProcess:
             return
         supervised = self.supervised_models()
         self.supervisor = StageSupervisor(
-            self.process.pid,
+            self.process.pid,  # type: ignore[union-attr]
             self._stub_root(),
             supervised,
             StageHooks(

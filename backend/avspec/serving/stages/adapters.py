@@ -147,7 +147,7 @@ class StageAdapter(ABC):
             if vocab is None:
                 logger.info("draft vocabulary: the whole vocabulary (%s has no map)", model_dir)
             else:
-                extra["draft_vocab"] = vocab
+                extra["draft_vocab"] = vocab  # type: ignore[assignment]
                 logger.info("draft vocabulary %s: %d of %d ids (%s)", vocab.path, len(vocab),
                             width, vocab.source)  # fmt: skip
         self.stage = self.stage_class(
@@ -156,7 +156,7 @@ class StageAdapter(ABC):
             params.max_draft_tokens,
             idle_timeout_s=params.idle_timeout_s,
             vocab_limit=params.vocab_limit or None,
-            **extra,
+            **extra,  # type: ignore[arg-type]
         )
 
     @property
@@ -204,7 +204,7 @@ class DraftAdapter(StageAdapter):
     stage_class = DraftStage
 
     def __call__(self, tensors: Tensors) -> dict[str, torch.Tensor]:
-        out = self.stage(step_inputs_from_tensors(tensors))
+        out = self.stage(step_inputs_from_tensors(tensors))  # type: ignore[operator]
         return {
             "draft_tokens": out.draft_tokens,
             "draft_probs": out.draft_probs,
@@ -220,7 +220,7 @@ class TargetAdapter(StageAdapter):
     stage_class = TargetStage
 
     def __call__(self, tensors: Tensors) -> dict[str, torch.Tensor]:
-        out = self.stage(
+        out = self.stage(  # type: ignore[operator]
             step_inputs_from_tensors(tensors),
             tensors["draft_tokens"],
             tensors["draft_probs"],
@@ -361,12 +361,12 @@ def step_stats(
     ).double()  # fmt: skip
     per_row = num_drafted.double() if num_drafted is not None else scalars.new_zeros(0)
     values = torch.cat([scalars, per_row.to(scalars.device)]).tolist()
-    drafted, verified, budget, accepted, stopped, passes = (int(v) for v in values[:6])
+    drafted, verified, budget, accepted, stopped, passes = (int(v) for v in values[:6])  # type: ignore[assignment]
     return VerifierStepStats(
         batch_size=batch_size,
         drafted=drafted,
         verified=verified,
-        accepted=accepted,
+        accepted=accepted,  # type: ignore[arg-type]
         trimmed=drafted - verified,
         budget_fraction=budget / drafted if drafted else None,
         refitted=refitted,

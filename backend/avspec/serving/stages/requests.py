@@ -247,7 +247,7 @@ def parse_generation_inputs(
 
 def _float(values: Mapping[str, np.ndarray | None], name: str, default: float) -> float:
     value = _scalar(values, name)
-    value = default if value is None else float(value)
+    value = default if value is None else float(value)  # type: ignore[arg-type]
     if math.isnan(value):
         raise RequestError(f"{name} must not be NaN")
     return value

@@ -150,7 +150,7 @@ class AdapterModel:
 
     def request_inputs(self, request: Any) -> dict[str, torch.Tensor]:
         """The request's inputs named in the model config, as torch tensors."""
-        return input_tensors(self.pb, request, self.input_names)
+        return input_tensors(self.pb, request, self.input_names)  # type: ignore[attr-defined]
 
 
 class DeviceOutputs:

@@ -102,11 +102,11 @@ class Answer:
     def _object(self, object_name: str, choices: list, **extra: object) -> dict:
         answer = Completion(
             id=self.id,
-            object=object_name,
+            object=object_name,  # type: ignore[arg-type]
             created=self.created,
             model=self.model,
             choices=choices,
-            **extra,
+            **extra,  # type: ignore[arg-type]
         )
         return answer.body()
 
@@ -141,7 +141,7 @@ class Answer:
             async for step in steps:
                 await self._send_step(step)
         finally:
-            await steps.aclose()
+            await steps.aclose()  # type: ignore[attr-defined]
         await self._chunk([self.shape.chunk_choice(Delta(), self.generation.finish_reason)])
         if self.generation.sampling.include_usage:
             speculative = _speculative(self.generation.figures)
@@ -184,5 +184,5 @@ class Answer:
 
 def _speculative(figures: Figures, tokens: list[TokenOrigin] | None = None) -> Speculative:
     if tokens is None:
-        return Speculative(**figures.as_dict())
+        return Speculative(**figures.as_dict())  # type: ignore[arg-type]
     return Speculative(**figures.as_dict(), tokens=tokens)

@@ -75,7 +75,7 @@ class Generation:
         """The text step by step (empty steps skipped); OpenAIError for the engine's errors."""
         decoder = self._tokenizer.incremental_decoder()
         text = StopText(self.sampling.stop)
-        async with aclosing(self._engine.generate(self._request, identity)) as steps:
+        async with aclosing(self._engine.generate(self._request, identity)) as steps:  # type: ignore[type-var]
             async for engine_step in steps:
                 step = self._step(engine_step, decoder, text)
                 if step.pieces:

@@ -54,11 +54,11 @@ def chat_prompt(
         _refuse_special_text(tokenizer, messages)
         text, spans = template.render(messages, add_generation_prompt=True), ()
     else:
-        text, spans = marked.text, marked.content
+        text, spans = marked.text, marked.content  # type: ignore[assignment]
     bos = template.special_tokens.get("bos_token")
     if tokenizer.add_bos and isinstance(bos, str) and bos and text.startswith(bos):
         text = text[len(bos) :]
-        spans = tuple((a - len(bos), b - len(bos)) for a, b in spans)
+        spans = tuple((a - len(bos), b - len(bos)) for a, b in spans)  # type: ignore[assignment, var-annotated]
     return Prompt(text, _byte_offsets(text, spans), field="messages")
 
 

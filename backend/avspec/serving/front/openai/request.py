@@ -1,3 +1,4 @@
+# mypy: disable-error-code="valid-type"
 """The bodies of `/v1/completions` and `/v1/chat/completions`, as typed schemas (pydantic).
 
 What is accepted is what the entry model can honour: `max_tokens` (chat also
