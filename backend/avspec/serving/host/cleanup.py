@@ -32,7 +32,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -178,7 +178,7 @@ def python_backend_running() -> bool:
     return any(os.path.basename(path) == BACKEND_LIBRARY for path in in_use)
 
 
-def _own_entries(directory: Path, kind: object) -> list[Path]:
+def _own_entries(directory: Path, kind: Callable[[int], bool]) -> list[Path]:
     """Entries of `directory` of file type `kind` (an S_IS* test) owned by us, sorted by name."""
     try:
         entries = list(directory.iterdir())
@@ -191,7 +191,7 @@ def _own_entries(directory: Path, kind: object) -> list[Path]:
             info = path.lstat()
         except OSError:
             continue
-        if kind(info.st_mode) and info.st_uid == uid:  # type: ignore[operator]
+        if kind(info.st_mode) and info.st_uid == uid:
             found.append(path)
     return sorted(found)
 

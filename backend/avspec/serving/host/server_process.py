@@ -186,7 +186,8 @@ class ServerProcess:
             self.run_dir = Path(tempfile.mkdtemp(prefix="avspec-run-"))
             self._backends = self._prepare_backends(self.run_dir)
             if self._drops_privileges:
-                os.chown(self.run_dir, self.user.uid, self.user.gid)  # type: ignore[union-attr]
+                assert self.user is not None  # _drops_privileges: a user is set
+                os.chown(self.run_dir, self.user.uid, self.user.gid)
             self.internal_metrics_port = free_port()
             self._launch()
             self.wait_ready()
@@ -279,8 +280,9 @@ class ServerProcess:
         if not self.settings.server.supervise:
             return
         supervised = self.supervised_models()
+        assert self.process is not None  # started before its supervisor
         self.supervisor = StageSupervisor(
-            self.process.pid,  # type: ignore[union-attr]
+            self.process.pid,
             self._stub_root(),
             supervised,
             StageHooks(

@@ -50,15 +50,16 @@ def chat_prompt(
     encodes without adding special tokens, so either way the model sees one BOS.
     """
     marked = render_marked(template, messages)
+    spans: tuple[tuple[int, int], ...]
     if marked is None:
         _refuse_special_text(tokenizer, messages)
         text, spans = template.render(messages, add_generation_prompt=True), ()
     else:
-        text, spans = marked.text, marked.content  # type: ignore[assignment]
+        text, spans = marked.text, marked.content
     bos = template.special_tokens.get("bos_token")
     if tokenizer.add_bos and isinstance(bos, str) and bos and text.startswith(bos):
         text = text[len(bos) :]
-        spans = tuple((a - len(bos), b - len(bos)) for a, b in spans)  # type: ignore[assignment, var-annotated]
+        spans = tuple((a - len(bos), b - len(bos)) for a, b in spans)
     return Prompt(text, _byte_offsets(text, spans), field="messages")
 
 
