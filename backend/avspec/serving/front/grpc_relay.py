@@ -301,7 +301,7 @@ class GrpcRelay(grpc.GenericRpcHandler):
             return code, message
         return None
 
-    async def _unary(  # type: ignore[return]
+    async def _unary(
         self, rpc: str, method: str, request: bytes, context: grpc.aio.ServicerContext
     ) -> bytes:
         """Forward a unary call within a slot of the total; health calls need none."""
@@ -312,6 +312,7 @@ class GrpcRelay(grpc.GenericRpcHandler):
                 return await self._forward_unary(rpc, method, request, context)
         except Full as err:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+            raise AssertionError("context.abort raises") from err
 
     async def _forward_unary(  # type: ignore[return]
         self, rpc: str, method: str, request: bytes, context: grpc.aio.ServicerContext

@@ -82,7 +82,9 @@ class Upstream:
         )
 
     def _tcp_base(self) -> str:
-        host, port = self._address  # type: ignore[str-unpack]
+        address = self._address
+        assert not isinstance(address, str)  # a Unix socket has no TCP base
+        host, port = address
         return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
     async def close(self) -> None:
