@@ -247,9 +247,7 @@ def step_inputs_from_tensors(tensors: Mapping[str, torch.Tensor]) -> StepInputs:
     missing = sorted(set(STEP_INPUT_DTYPES) - set(tensors))
     if missing:
         raise ValueError(f"missing step input(s): {', '.join(missing)}")
-    return StepInputs(
-        **{name: tensors[name].to(TORCH_DTYPES[dtype]) for name, dtype in STEP_INPUT_DTYPES.items()}
-    )
+    return StepInputs(**{spec.name: tensors[spec.name].to(spec.dtype) for spec in STEP_INPUTS})
 
 
 def step_inputs_to_numpy(inputs: StepInputs) -> dict[str, np.ndarray]:
