@@ -354,6 +354,7 @@ class Transformer(nn.Module):
         *,
         hidden: bool = False,
         at: Tensor | None = None,
+        embeds: Tensor | None = None,
     ) -> Tensor:
         """Append new tokens to cached sequences and return their logits.
 
@@ -367,7 +368,9 @@ class Transformer(nn.Module):
         vocabulary) that needs the logits of a few tokens or of a few ids only. `at` [n] int64:
         the logits (or hidden states) of those packed tokens only, [n, vocab]: the output layer
         is then applied to n rows, not to every token (a first step's prompt tokens need their
-        keys and values cached, not logits over the vocabulary).
+        keys and values cached, not logits over the vocabulary). `embeds` [tokens, width]: the
+        first block's input instead of the tokens' embeddings (a draft head's,
+        `avspec.runtime.head`).
         """
         lengths = [int(n) for n in lengths]
         check_shape("input_ids", input_ids, (sum(lengths),))
@@ -380,7 +383,7 @@ class Transformer(nn.Module):
         index = RaggedIndex(slots, starts, lengths, input_ids.device, max_cells=cache.read_cells)
         cells = cache.cells(index.token_slots, index.positions)
         key_cells = [cache.key_cells(tile.slots, tile.key_length) for tile in index.tiles]
-        x = self.embed(input_ids)  # (tokens, width)
+        x = self.embed(input_ids) if embeds is None else embeds  # (tokens, width)
         angles = self.rotary.angles(index.positions, x.dtype)
         for layer, block in enumerate(cast("list[Block]", self.blocks)):
             # q: (tokens, heads, head_dim); k, v: (tokens, kv_heads, head_dim)

@@ -18,6 +18,9 @@ indices (no randomness), so the sets are a pure function of the Python version's
   and rendered by DIR's chat template (`avspec.tools.train.draft.generate.chat_renderer`): `prompt`
   is the whole templated text, ending with the assistant header; each line also keeps `kind`
   and `messages` (the user message). A function of the stdlib and the template.
+- `general` (with `--chat-template-from DIR` too): the hand-written everyday questions of
+  `avspec.tools.bench.general_chat` (facts, how-to, advice, writing, plans), rendered the same
+  way: a source no drafter trains on.
 
     python -m avspec.tools.bench.workloads --out workloads --chat-template-from models/target
 """
@@ -42,6 +45,7 @@ from avspec.tools.train.tiny.corpus import TOPICS_PREFIX, corpus_files, split_fi
 PROMPTS_PER_SET = 256
 WORKLOADS = ("code", "prose", "high_entropy")
 CHAT_WORKLOAD = "chat"
+GENERAL_WORKLOAD = "general"  # hand-written everyday questions, never trained on
 CHAT_PROMPTS = 64
 CHAT_SEED = 0
 CHAT_CANDIDATES = 4  # prompts built per chat prompt wanted, to skip repeats and long ones
@@ -99,13 +103,26 @@ def chat_prompts(
     return rows
 
 
+def general_prompts(renderer: Any) -> list[dict[str, Any]]:
+    """The `GENERAL_CHAT` questions rendered by `renderer`'s chat template, as `chat_prompts`."""
+    from avspec.tools.bench.general_chat import GENERAL_CHAT
+
+    rows = []
+    for kind, question in GENERAL_CHAT:
+        messages = [{"role": "user", "content": question}]
+        text = renderer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        rows.append({"prompt": text, "kind": kind, "messages": messages})
+    return rows
+
+
 def build_workloads(
     count: int = PROMPTS_PER_SET,
     chat_template_from: Path | str | None = None,
     chat_count: int = CHAT_PROMPTS,
 ) -> dict[str, list]:
     """The three prompt sets, from the held-out split only; with `chat_template_from` (a model
-    directory whose tokenizer config holds a chat template) also the chat set (`chat_prompts`)."""
+    directory whose tokenizer config holds a chat template) also the chat set (`chat_prompts`)
+    and the general set (`general_prompts`: a source held out of every drafter's training)."""
     _, held_out = split_files(corpus_files())
     code = [f for f in held_out if not f[0].startswith(TOPICS_PREFIX)]
     prose = [f for f in held_out if f[0].startswith(TOPICS_PREFIX)]
@@ -122,6 +139,7 @@ def build_workloads(
 
         renderer = chat_renderer(chat_template_from)
         sets[CHAT_WORKLOAD] = chat_prompts(held_out, chat_count, renderer)
+        sets[GENERAL_WORKLOAD] = general_prompts(renderer)
     return sets
 
 

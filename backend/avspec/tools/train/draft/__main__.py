@@ -63,6 +63,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--batch", type=int, default=64, help="target rows decoding together")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--features", action="store_true",
+        help="keep the target's last hidden states in the chunks too (a head's training data)",
+    )  # fmt: skip
     parser.add_argument("--minutes", type=float, default=60.0, help="training wall time")
     parser.add_argument(
         "--target-layers", default="0,1,2",

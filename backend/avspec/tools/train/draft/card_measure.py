@@ -24,7 +24,7 @@ from avspec.runtime.gguf.pins import SMOLLM2_135M_INSTRUCT
 from avspec.runtime.hf_files import SHARED_EMBEDDING_FILE
 from avspec.runtime.transformer import Transformer
 from avspec.tools.train.draft.evaluate import TEMPERATURE, TOP_P, DraftChains, logit, soft_auc
-from avspec.tools.train.draft.generate import answer_all, render
+from avspec.tools.train.draft.generate import AnswerSettings, answer_all, render
 from avspec.tools.train.draft.prompts import ChatPrompt
 from avspec.tools.train.draft_embedding import LAYERS_FILE
 from avspec.tools.train.features_zoo import fit_logistic, label_matrix, predict_logistic
@@ -55,11 +55,8 @@ def chat_sequences(
     """The target's sampled answers to `prompts`, as `evaluate.load_chunks` gives sequences:
     `ids` (prompt + answer without its last token), `prompt_length`, `answer_length`, `kind`."""
     ids = [render(renderer, p) for p in prompts]
-    answers = answer_all(
-        target, ids, eos_ids, batch=min(64, len(ids)), max_new_tokens=max_new_tokens,
-        temperature=TEMPERATURE, top_p=TOP_P, keep=1,
-        generator=torch.Generator().manual_seed(seed),
-    )  # fmt: skip
+    settings = AnswerSettings(min(64, len(ids)), max_new_tokens, TEMPERATURE, TOP_P, keep=1)
+    answers = answer_all(target, ids, eos_ids, settings, torch.Generator().manual_seed(seed))
     sequences = []
     for prompt, prompt_ids, answer in zip(prompts, ids, answers, strict=True):
         tokens = answer["answer"].long()
@@ -172,10 +169,10 @@ def greedy_samples(
     ids = [render(renderer, ChatPrompt("sample", "", p)) for p in prompts]
     samples = {}
     for name, model in models.items():
+        settings = AnswerSettings(len(ids), SAMPLE_TOKENS, temperature=0.0, top_p=1.0, keep=1)
         answers = answer_all(
-            model, ids, tokenizer.eos_ids, batch=len(ids), max_new_tokens=SAMPLE_TOKENS,
-            temperature=0.0, top_p=1.0, keep=1, generator=torch.Generator().manual_seed(0),
-        )  # fmt: skip
+            model, ids, tokenizer.eos_ids, settings, torch.Generator().manual_seed(0)
+        )
         texts = []
         for a in answers:
             tokens = [t for t in a["answer"].tolist() if t not in tokenizer.eos_ids]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from avspec.tools.train.draft.generate import generate_chunks
+from avspec.tools.train.draft.generate import AnswerSettings, generate_chunks
 from avspec.tools.train.draft.prompts import build_prompts, build_raw_prompts
 from avspec.tools.train.tiny.corpus import corpus_files, split_files
 
@@ -30,34 +30,34 @@ def make_data(args: argparse.Namespace) -> None:
     `<work>/heldout_raw`), then the train prompts (each resumable). The raw ones come
     before the chat ones so that a draft trained beside this phase sees both early."""
     train, held_out = split_files(corpus_files())
-    settings = {"batch": args.batch, "max_new_tokens": args.max_new_tokens}
+    settings = AnswerSettings(
+        args.batch, args.max_new_tokens, features=getattr(args, "features", False)
+    )
     heldout = build_prompts(held_out, args.heldout_prompts, args.seed + 1)
-    generate_chunks(args.target, heldout, args.work / "heldout", seed=10_000, **settings)
+    generate_chunks(args.target, heldout, args.work / "heldout", settings, seed=10_000)
     if getattr(args, "raw_prompts", 0) > 0:  # and as many held out as chat ones
         raw_heldout = build_raw_prompts(held_out, args.heldout_prompts)
-        generate_chunks(args.target, raw_heldout, args.work / RAW_HELDOUT, seed=RAW_SEED,
-                        **settings)  # fmt: skip
+        generate_chunks(args.target, raw_heldout, args.work / RAW_HELDOUT, settings, RAW_SEED)
         raw = build_raw_prompts(train, args.raw_prompts)
-        generate_chunks(args.target, raw, args.work / "train", seed=args.seed + RAW_SEED,
-                        prefix=RAW_PREFIX, **settings)  # fmt: skip
+        generate_chunks(args.target, raw, args.work / "train", settings,
+                        seed=args.seed + RAW_SEED, prefix=RAW_PREFIX)  # fmt: skip
+    if args.self_prompts > 0:  # general chat before the corpus: a drafter trained beside sees it
+        make_self_data(args.target, args.work, args.self_prompts, args.seed, settings)
     prompts = build_prompts(train, args.train_prompts, args.seed)
-    generate_chunks(args.target, prompts, args.work / "train", seed=args.seed, **settings)
-    if args.self_prompts > 0:
-        make_self_data(args.target, args.work, args.self_prompts, args.seed, **settings)
+    generate_chunks(args.target, prompts, args.work / "train", settings, seed=args.seed)
 
 
 def make_self_data(
-    target: Path, work: Path, count: int, seed: int, batch: int, max_new_tokens: int
+    target: Path, work: Path, count: int, seed: int, settings: AnswerSettings
 ) -> list[Path]:
     """`count` self prompts (sampled once, cached in `<work>/self_prompts.json`) answered into
     `<work>/train/chunk_self_*.pt` (resumable); returns the chunk files."""
     from avspec.tools.train.draft.self_prompts import cached_self_prompts
 
-    prompts = cached_self_prompts(target, count, work / "self_prompts.json", seed, batch)
+    prompts = cached_self_prompts(target, count, work / "self_prompts.json", seed, settings.batch)
     return generate_chunks(
-        target, prompts, work / "train", batch=batch, max_new_tokens=max_new_tokens,
-        seed=seed + SELF_SEED, prefix=SELF_PREFIX,
-    )  # fmt: skip
+        target, prompts, work / "train", settings, seed=seed + SELF_SEED, prefix=SELF_PREFIX
+    )
 
 
 def data_process(args: argparse.Namespace) -> None:

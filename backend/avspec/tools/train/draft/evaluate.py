@@ -46,7 +46,7 @@ TOP_P = 0.95
 def load_chunks(directory: Path | str) -> list[dict]:
     """Every sequence of the chunk files in `directory`: `ids` (prompt + answer without its last
     token, int64: the draft's input), `prompt_length`, `answer_length`, `top_ids`, `top_logits`,
-    `kind`."""
+    `kind`, and `features` [len(ids), width] float16 where the chunk holds the target's."""
     sequences = []
     for path in sorted(Path(directory).glob("chunk_*.pt")):
         chunk = torch.load(path, weights_only=True)
@@ -62,6 +62,7 @@ def load_chunks(directory: Path | str) -> list[dict]:
                     "top_logits": chunk["top_logits"][i],
                     "kind": kind,
                 }
+                | ({"features": chunk["features"][i]} if "features" in chunk else {})
             )
     return sequences
 

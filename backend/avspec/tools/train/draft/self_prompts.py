@@ -10,8 +10,9 @@ prompts (`avspec.tools.train.draft.prompts`: code and pydoc text) miss; no downl
   conversation with a placeholder user message is rendered and cut at the placeholder; the
   first token after the placeholder, when it is a special token, is the end-of-turn token);
 - `sample_messages`: N messages sampled from the target on the project's runtime with the draft
-  pipeline's continuous batching (`generate.answer_all`), temperature 1.0, top-p 0.95, at most
-  MAX_MESSAGE_TOKENS tokens, stopping at EOS or end-of-turn;
+  pipeline's continuous batching (`generate.answer_all`), top-p 0.95, at most MAX_MESSAGE_TOKENS
+  tokens, stopping at EOS or end-of-turn; each round samples a third of its messages at each of
+  the temperatures 0.8, 1.0 and 1.2 (TEMPERATURES: varied topics and wording);
 - `rejection`: the filter (why a message is dropped, None to keep it): cut off by the length
   cap, empty, fewer than MIN_WORDS words, a template marker (a special token, the end-of-turn
   text) inside, or a duplicate (case and spacing ignored);
@@ -24,6 +25,7 @@ prompts (`avspec.tools.train.draft.prompts`: code and pydoc text) miss; no downl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -31,7 +33,7 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,16 +43,22 @@ from tqdm import tqdm
 
 from avspec.runtime.model_dir import load_model, load_tokenizer
 from avspec.runtime.transformer import Transformer
-from avspec.tools.train.draft.generate import MAX_PROMPT_TOKENS, answer_all, chat_renderer
+from avspec.tools.train.draft.generate import (
+    MAX_PROMPT_TOKENS,
+    AnswerSettings,
+    answer_all,
+    chat_renderer,
+)
 from avspec.tools.train.draft.prompts import SELF_KIND, ChatPrompt
 
 PLACEHOLDER = "SELFPROMPTPLACEHOLDER"
 MAX_MESSAGE_TOKENS = 64
 MIN_WORDS = 3
-TEMPERATURE = 1.0
+TEMPERATURES = (0.8, 1.0, 1.2)  # each round's messages split evenly across these
 TOP_P = 0.95
 MAX_ROUNDS = 16
 REASONS = ("cut", "empty", "short", "template", "duplicate")
+MESSAGE_SETTINGS = AnswerSettings(64, MAX_MESSAGE_TOKENS, TEMPERATURES[1], TOP_P, keep=1)
 
 
 @dataclass(frozen=True)
@@ -125,18 +133,12 @@ def sample_messages(
     query: PreQuery,
     count: int,
     generator: torch.Generator,
-    batch: int = 64,
-    max_new_tokens: int = MAX_MESSAGE_TOKENS,
-    temperature: float = TEMPERATURE,
-    top_p: float = TOP_P,
-    on_token: Any = None,
+    settings: AnswerSettings = MESSAGE_SETTINGS,
+    on_token: Callable[[int], None] | None = None,
 ) -> list[tuple[str, bool]]:
     """`count` messages continuing the pre-query, continuously batched: (text, finished), the
     text without its stop token, decoded with special tokens kept (so the filter sees them)."""
-    answers = answer_all(
-        model, [query.ids] * count, query.stop_ids, batch, max_new_tokens, temperature, top_p,
-        1, generator, on_token,
-    )  # fmt: skip
+    answers = answer_all(model, [query.ids] * count, query.stop_ids, settings, generator, on_token)
     messages = []
     for answer in answers:
         ids = answer["answer"].tolist()
@@ -151,19 +153,17 @@ def sample_self_prompts(
     target_dir: Path | str,
     count: int,
     seed: int = 0,
-    batch: int = 64,
-    max_new_tokens: int = MAX_MESSAGE_TOKENS,
-    temperature: float = TEMPERATURE,
-    top_p: float = TOP_P,
+    settings: AnswerSettings = MESSAGE_SETTINGS,
+    temperatures: Sequence[float] = TEMPERATURES,
     min_words: int = MIN_WORDS,
-    max_rounds: int = MAX_ROUNDS,
 ) -> tuple[list[ChatPrompt], dict[str, Any]]:
-    """`count` target-written user messages that pass `rejection` (fewer if `max_rounds` rounds
-    of sampling do not find them), and the sampling's figures: `sampled`, `accepted`,
-    `acceptance`, `rejected` (per reason), `tokens`, `seconds`, `tokens_per_s`."""
+    """`count` target-written user messages that pass `rejection` (fewer if MAX_ROUNDS rounds
+    of sampling do not find them), each round's messages sampled in equal parts at each of
+    `temperatures` (`settings.temperature` is not used), and the sampling's figures: `sampled`,
+    `accepted`, `acceptance`, `rejected` (per reason), `tokens`, `seconds`, `tokens_per_s`."""
     renderer = chat_renderer(target_dir)
     query = pre_query(renderer, load_tokenizer(target_dir).eos_ids)
-    context = MAX_PROMPT_TOKENS + max_new_tokens  # what `answer_all`'s cache holds
+    context = MAX_PROMPT_TOKENS + settings.max_new_tokens  # what `answer_all`'s cache holds
     model = load_model(target_dir, dtype=torch.bfloat16, max_length=context)
     generator = torch.Generator().manual_seed(seed)
     seen: set[str] = set()
@@ -182,31 +182,34 @@ def sample_self_prompts(
         rate = tokens / max(time.perf_counter() - start, 1e-9)
         bar.set_postfix(tokens_per_s=f"{rate:.0f}", accepted=len(accepted), refresh=False)
 
-    for _ in range(max_rounds):
+    for _ in range(MAX_ROUNDS):
         missing = count - len(accepted)
         if missing <= 0:
             break
         rate = len(accepted) / sampled if sampled else 0.8
-        size = max(math.ceil(missing / max(rate, 0.05) * 1.1), min(batch, missing))
-        bar.total += size * max_new_tokens
+        size = max(math.ceil(missing / max(rate, 0.05) * 1.1), min(settings.batch, missing))
+        bar.total += size * settings.max_new_tokens
         bar.refresh()
         before = tokens
-        for text, finished in sample_messages(
-            model, renderer, query, size, generator, batch, max_new_tokens, temperature, top_p,
-            on_token,
-        ):  # fmt: skip
-            reason = rejection(text, finished, query.markers, seen, min_words)
-            if reason is None and len(accepted) < count:
-                accepted.append(text.strip())
-            elif reason is not None:
-                rejected[reason] += 1
-        bar.update(size * max_new_tokens - (tokens - before))  # slots left by early stops
+        for part, temperature in zip(split(size, len(temperatures)), temperatures, strict=True):
+            if not part:
+                continue
+            at = dataclasses.replace(settings, temperature=temperature)
+            for text, finished in sample_messages(
+                model, renderer, query, part, generator, at, on_token
+            ):
+                reason = rejection(text, finished, query.markers, seen, min_words)
+                if reason is None and len(accepted) < count:
+                    accepted.append(text.strip())
+                elif reason is not None:
+                    rejected[reason] += 1
+        bar.update(size * settings.max_new_tokens - (tokens - before))  # early stops' slots
         sampled += size
     bar.close()
     seconds = time.perf_counter() - start
     if len(accepted) < count:
         print(
-            f"self prompts: {len(accepted)} of {count} after {max_rounds} rounds", file=sys.stderr
+            f"self prompts: {len(accepted)} of {count} after {MAX_ROUNDS} rounds", file=sys.stderr
         )
     stats = {
         "sampled": sampled,
@@ -221,13 +224,18 @@ def sample_self_prompts(
     return prompts, stats
 
 
+def split(total: int, parts: int) -> list[int]:
+    """`total` in `parts` near-equal whole parts, the larger first (zeros dropped by callers)."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
 def cached_self_prompts(
     target_dir: Path | str,
     count: int,
     cache: Path | str,
     seed: int = 0,
     batch: int = 64,
-    **settings: Any,
 ) -> list[ChatPrompt]:
     """`sample_self_prompts`, kept in the JSON file `cache`: a file written for the same count,
     seed and settings is read back instead of sampling; one written for others is an error
@@ -235,8 +243,8 @@ def cached_self_prompts(
     cache = Path(cache)
     key = {
         "count": count, "seed": seed, "max_new_tokens": MAX_MESSAGE_TOKENS,
-        "temperature": TEMPERATURE, "top_p": TOP_P, "min_words": MIN_WORDS,
-    } | settings  # fmt: skip
+        "temperatures": list(TEMPERATURES), "top_p": TOP_P, "min_words": MIN_WORDS,
+    }  # fmt: skip
     if cache.is_file():
         data = json.loads(cache.read_text())
         if data["settings"] != key:
@@ -245,7 +253,8 @@ def cached_self_prompts(
                 f"and the chunk_self_* files next to it to resample"
             )
         return [ChatPrompt(SELF_KIND, "target", message) for message in data["messages"]]
-    prompts, stats = sample_self_prompts(target_dir, count, seed=seed, batch=batch, **settings)
+    settings = dataclasses.replace(MESSAGE_SETTINGS, batch=batch)
+    prompts, stats = sample_self_prompts(target_dir, count, seed, settings)
     print(f"self prompts: {json.dumps(stats)}", file=sys.stderr)
     data = {
         "settings": key,

@@ -26,7 +26,7 @@ import avspec.tools.train.draft.self_prompts as self_prompts
 from avspec.runtime.model_dir import load_model, load_tokenizer
 from avspec.tools.train.draft.data import SELF_PREFIX, make_self_data
 from avspec.tools.train.draft.evaluate import load_chunks
-from avspec.tools.train.draft.generate import chat_renderer
+from avspec.tools.train.draft.generate import AnswerSettings, chat_renderer
 from avspec.tools.train.draft.self_prompts import (
     PreQuery,
     pre_query,
@@ -119,7 +119,8 @@ def test_sampling_is_deterministic_for_a_seed(pair):
 
     def sample(seed: int) -> list[tuple[str, bool]]:
         generator = torch.Generator().manual_seed(seed)
-        return sample_messages(model, renderer, query, 6, generator, batch=4, max_new_tokens=12)
+        settings = AnswerSettings(batch=4, max_new_tokens=12, temperature=1.0, keep=1)
+        return sample_messages(model, renderer, query, 6, generator, settings)
 
     first = sample(0)
     assert len(first) == 6 and all(text for text, _ in first)
@@ -134,7 +135,7 @@ def test_self_prompts_are_deterministic_for_a_seed(pair, monkeypatch):
         return dataclasses.replace(query, stop_ids=query.stop_ids | set(q))
 
     monkeypatch.setattr(self_prompts, "pre_query", stop_at_q)
-    settings = dict(batch=4, max_new_tokens=16, min_words=1)
+    settings = dict(settings=AnswerSettings(batch=4, max_new_tokens=16, keep=1), min_words=1)
     prompts, stats = sample_self_prompts(pair[0], 6, seed=0, **settings)
     assert len(prompts) == 6 and stats["accepted"] == 6 and sum(stats["rejected"].values()) > 0
     assert {p.kind for p in prompts} == {"self"} and len({p.message for p in prompts}) == 6
@@ -144,6 +145,7 @@ def test_self_prompts_are_deterministic_for_a_seed(pair, monkeypatch):
     assert sample_self_prompts(pair[0], 6, seed=1, **settings)[0] != prompts
 
 
+SETTINGS = AnswerSettings(batch=4, max_new_tokens=6)
 GOOD = ["Write a haiku about autumn leaves.", "How do I boil an egg?", MESSAGE]
 CRAFTED = [
     (MESSAGE, True),
@@ -160,8 +162,8 @@ def _fake_answers(renderer, eos: int, calls: list[int]):
     """`answer_all` whose answers are CRAFTED, then distinct good questions (numbered)."""
     stream = itertools.chain(CRAFTED, ((f"{GOOD[1]} Way {i}.", True) for i in itertools.count()))
 
-    def answer_all(model, prompts, eos_ids, batch, max_new_tokens, *args):
-        calls.append(len(prompts))
+    def answer_all(model, prompts, eos_ids, settings, *args):
+        calls.append((len(prompts), settings.temperature))
         answers = []
         for _ in prompts:
             text, finished = next(stream)
@@ -178,10 +180,11 @@ def test_self_chunks_land_under_their_prefix(tmp_path, pair, monkeypatch):
     calls: list[int] = []
     monkeypatch.setattr(self_prompts, "answer_all", _fake_answers(renderer, eos, calls))
     work = tmp_path / "work"
-    paths = make_self_data(pair[0], work, 5, seed=0, batch=4, max_new_tokens=6)
+    paths = make_self_data(pair[0], work, 5, seed=0, settings=SETTINGS)
     assert [p.name for p in paths] == [f"{SELF_PREFIX}00000.pt"]
     assert sorted(p.name for p in (work / "train").iterdir()) == [f"{SELF_PREFIX}00000.pt"]
-    assert len(calls) == 2  # one round finds 2 of 5, the second the rest
+    # one round finds 2 of 5, the second the rest; each round in three parts, one per temperature
+    assert calls == [(3, 0.8), (2, 1.0), (2, 1.2), (4, 0.8), (4, 1.0), (4, 1.2)]
 
     data = self_prompts.json.loads((work / "self_prompts.json").read_text())
     expected = [MESSAGE, GOOD[0], *(f"{GOOD[1]} Way {i}." for i in range(3))]
@@ -189,7 +192,7 @@ def test_self_chunks_land_under_their_prefix(tmp_path, pair, monkeypatch):
     assert data["stats"]["rejected"] == {
         "cut": 1, "empty": 1, "short": 1, "template": 1, "duplicate": 1,
     }  # fmt: skip
-    assert data["stats"]["sampled"] == sum(calls)
+    assert data["stats"]["sampled"] == sum(n for n, _ in calls)
 
     sequences = load_chunks(work / "train")
     assert [s["kind"] for s in sequences] == ["self"] * 5
@@ -199,7 +202,7 @@ def test_self_chunks_land_under_their_prefix(tmp_path, pair, monkeypatch):
 
     # a resumed run reads the cache and skips the written chunk
     stamp = paths[0].stat().st_mtime_ns
-    assert make_self_data(pair[0], work, 5, seed=0, batch=4, max_new_tokens=6) == paths
-    assert len(calls) == 2 and paths[0].stat().st_mtime_ns == stamp
+    assert make_self_data(pair[0], work, 5, seed=0, settings=SETTINGS) == paths
+    assert len(calls) == 6 and paths[0].stat().st_mtime_ns == stamp
     with pytest.raises(ValueError, match="self_prompts.json"):
-        make_self_data(pair[0], work, 6, seed=0, batch=4, max_new_tokens=6)
+        make_self_data(pair[0], work, 6, seed=0, settings=SETTINGS)
