@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from avspec.engine.scheduler import Scheduler
+from avspec.engine.scheduler_limits import SchedulerLimits
 from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
 
@@ -28,7 +29,9 @@ EOS = 2
 
 
 def run(step: SpeculativeStep, chunk: int, prompt: int, rows: int) -> dict:
-    scheduler = Scheduler(step, [EOS], rows + 1, 4096, 8, prefill_chunk=chunk)
+    scheduler = Scheduler(
+        step, [EOS], rows + 1, 4096, 8, limits=SchedulerLimits(prefill_chunk=chunk)
+    )
     gen = torch.Generator().manual_seed(0)
     stamps: dict[int, list[float]] = {i: [] for i in range(rows + 1)}
     submitted = {}

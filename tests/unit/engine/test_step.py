@@ -17,6 +17,7 @@ from helpers.stages import K, make_inputs, perturbed, tiny_model
 
 from avspec.av.step_cost import StepCost
 from avspec.engine.scheduler import Scheduler
+from avspec.engine.scheduler_limits import SchedulerLimits
 from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep
 from avspec.runtime.transformer import Transformer
@@ -125,7 +126,7 @@ def test_chunked_prefill_keeps_greedy_output_and_bounds_each_step(pair) -> None:
         return step(inputs)
 
     chunk = K + 2
-    scheduler = Scheduler(recording, EOS, 8, 96, K, prefill_chunk=chunk)
+    scheduler = Scheduler(recording, EOS, 8, 96, K, limits=SchedulerLimits(prefill_chunk=chunk))
     reports: list[list] = [[] for _ in prompts]
     tokens: list[list[int]] = [[] for _ in prompts]
     for i, prompt in enumerate(prompts):
@@ -159,7 +160,7 @@ def test_a_chunked_prompt_drafts_from_its_first_decoding_step(pair) -> None:
         drafted.append((int(inputs.num_draft_tokens.sum()), int(outputs.num_drafted.sum())))
         return outputs
 
-    scheduler = Scheduler(recording, EOS, 8, 96, K, prefill_chunk=K + 2)
+    scheduler = Scheduler(recording, EOS, 8, 96, K, limits=SchedulerLimits(prefill_chunk=K + 2))
     request = GenerationRequest(list(range(1, 41)), 8, temperature=0.0, num_draft_tokens=K)
     assert request.adaptive and request.adaptive_drafting
     generate(scheduler, [request])
@@ -169,7 +170,7 @@ def test_a_chunked_prompt_drafts_from_its_first_decoding_step(pair) -> None:
 
 def test_a_prefill_chunk_smaller_than_a_step_is_refused(pair) -> None:
     with pytest.raises(ValueError, match="prefill_chunk must be 0 or >= 6"):
-        Scheduler(build(*pair), EOS, 8, 96, K, prefill_chunk=K + 1)
+        Scheduler(build(*pair), EOS, 8, 96, K, limits=SchedulerLimits(prefill_chunk=K + 1))
 
 
 def test_sampled_output_does_not_depend_on_the_batch(pair) -> None:
