@@ -22,7 +22,7 @@ import torch
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.scheduler_limits import SchedulerLimits
 from avspec.engine.sequence import GenerationRequest
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 
 ROOT = Path(__file__).resolve().parents[2]
 EOS = 2
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     step = SpeculativeStep.from_model_dirs(
-        ROOT / "models/target", ROOT / "models/draft", 8, args.rows + 1, 4096,
+        ROOT / "models/target", ROOT / "models/draft", StepCapacity(8, args.rows + 1, 4096),
         dtype=torch.bfloat16,
     )  # fmt: skip
     results = []

@@ -30,7 +30,7 @@ from helpers.stages import K, perturbed, tiny_model
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.scheduler_limits import SchedulerLimits
 from avspec.engine.sequence import GenerationRequest, StepReport
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -41,7 +41,7 @@ MAX_LENGTH = 96  # the tiny models' context
 def make_step(max_sequences: int) -> SpeculativeStep:
     target = tiny_model(20, layers=2, width=32)
     return SpeculativeStep.from_models(
-        target, perturbed(target, 0.3, seed=5), K, max_sequences, MAX_LENGTH
+        target, perturbed(target, 0.3, seed=5), StepCapacity(K, max_sequences, MAX_LENGTH)
     )
 
 

@@ -24,7 +24,7 @@ from avspec.engine.request_limits import MAX_TEMPERATURE
 from avspec.engine.scheduler import RequestTimedOut, Scheduler
 from avspec.engine.scheduler_limits import SchedulerLimits
 from avspec.engine.sequence import GenerationRequest, StepReport
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 
 K = 8
 EOS = 256
@@ -471,7 +471,7 @@ def test_in_process_step_takes_the_refit_guard() -> None:
     prompts = [[72, 101, 108], [1] * 5, [200, 3, 17], [42]]
     labels, outputs = [], []
     for share in (1.0, 0.25):
-        step = SpeculativeStep.from_models(target, draft, k, 8, 96)
+        step = SpeculativeStep.from_models(target, draft, StepCapacity(k, 8, 96))
         scheduler = Scheduler(step, EOS, 8, 96, k, limits=SchedulerLimits(refit_client_share=share))
         requests = [GenerationRequest(p, 10, temperature=0.0, num_draft_tokens=k) for p in prompts]
         with torch.no_grad():

@@ -19,7 +19,7 @@ from avspec.av.step_cost import StepCost
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.scheduler_limits import SchedulerLimits
 from avspec.engine.sequence import GenerationRequest
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 from avspec.runtime.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -31,7 +31,7 @@ PROMPTS = [[72, 101, 108], [1] * 9, [200, 3, 17, 99, 5, 6], [42]]
 def build(target: Transformer, draft: Transformer, max_sequences: int = 8) -> SpeculativeStep:
     """A step whose steep verify cost makes the verifier trim drafts."""
     return SpeculativeStep.from_models(
-        target, draft, K, max_sequences, 96,
+        target, draft, StepCapacity(K, max_sequences, 96),
         cost=StepCost.linear(0.1, 0.01, 1.0, 1.0, max_rows=64, max_tokens=512),
     )  # fmt: skip
 
@@ -212,7 +212,9 @@ def test_from_model_dirs(tmp_path) -> None:
     draft = perturbed(target, 0.3, seed=5)
     save_transformer_dir(tmp_path / "target", target)
     save_transformer_dir(tmp_path / "draft", draft)
-    step = SpeculativeStep.from_model_dirs(tmp_path / "target", tmp_path / "draft", K, 4, 64)
+    step = SpeculativeStep.from_model_dirs(
+        tmp_path / "target", tmp_path / "draft", StepCapacity(K, 4, 64)
+    )
     out = generate(
         step,
         [GenerationRequest(PROMPTS[0], 6, temperature=0.0, num_draft_tokens=K)],
@@ -283,7 +285,7 @@ def test_padded_vocab_rows_are_never_drafted_or_sampled() -> None:
     assert any(t >= limit for out in unmasked for t in out), "control: padded rows win unmasked"
 
     step = SpeculativeStep.from_models(
-        target, draft, K, 16, 96,
+        target, draft, StepCapacity(K, 16, 96),
         cost=StepCost.linear(0.1, 0.01, 1.0, 1.0, max_rows=64, max_tokens=512),
         vocab_limit=limit,
     )  # fmt: skip
@@ -305,8 +307,8 @@ def test_vocab_limit_must_fit_the_model(pair) -> None:
     target, draft = pair
     for bad in (0, target.config.vocab_size + 1):
         with pytest.raises(ValueError, match="vocab_limit"):
-            SpeculativeStep.from_models(target, draft, K, 4, 64, vocab_limit=bad)
-    step = SpeculativeStep.from_models(target, draft, K, 4, 64, vocab_limit=257)
+            SpeculativeStep.from_models(target, draft, StepCapacity(K, 4, 64), vocab_limit=bad)
+    step = SpeculativeStep.from_models(target, draft, StepCapacity(K, 4, 64), vocab_limit=257)
     assert step.draft.vocab_limit is None and step.target.vocab_limit is None  # nothing padded
 
 
