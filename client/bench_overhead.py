@@ -31,7 +31,7 @@ from avspec.av.cost_file import default_step_cost, load_step_cost
 from avspec.av.step_cost import StepCost
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 from avspec.runtime.model_dir import load_tokenizer
 from avspec.runtime.tokenizer import Tokenizer
 from avspec.serving.host.server_process import ServerProcess
@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     sequences = max(concurrencies) + 4
     cost = step_cost(ROOT / "models" / "cost_tables.json", sequences)
     step = SpeculativeStep.from_model_dirs(
-        ROOT / "models" / "target", ROOT / "models" / "draft", args.draft_tokens,
-        sequences, MAX_LENGTH, "cpu", cost=cost,
+        ROOT / "models" / "target", ROOT / "models" / "draft",
+        StepCapacity(args.draft_tokens, sequences, MAX_LENGTH), "cpu", cost=cost,
     )  # fmt: skip
     tokenizer = load_tokenizer(ROOT / "models" / "target")
     ports = [int(p) for p in args.ports.split(",")]

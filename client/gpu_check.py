@@ -37,7 +37,7 @@ from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
 from avspec.contract import StepInputs, StepOutputs, VerifierInputs
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
 from avspec.tools.bench.profiler import median_ms, synchronize
 
@@ -262,7 +262,7 @@ def bench_pipeline(batch: int, k: int, device: torch.device, steps: int, width: 
     prompt = 16
     max_length = prompt + (steps + 2) * (k + 1)
     target, draft = random_pair(device, max_length, width)
-    step = SpeculativeStep.from_models(target, draft, k, batch, max_length, device)
+    step = SpeculativeStep.from_models(target, draft, StepCapacity(k, batch, max_length), device)
     step.verifier.check_values = False
     inputs = first_inputs(batch, k, prompt)
     out = step(inputs)  # warm-up: prefill, cost-table copies, kernels

@@ -14,7 +14,7 @@ import torch
 from avspec.av.cost_file import load_step_cost
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 from avspec.runtime.model_dir import load_tokenizer
 
 torch.set_num_threads(1)
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 lines = (ROOT / "workloads" / "chat.jsonl").read_text().splitlines()[: int(sys.argv[1])]
 PROMPTS = [json.loads(line)["prompt"] for line in lines]
 STEP = SpeculativeStep.from_model_dirs(
-    ROOT / "models" / "target", ROOT / "models" / "draft", 8, 4, 1024, "cpu",
+    ROOT / "models" / "target", ROOT / "models" / "draft", StepCapacity(8, 4, 1024), "cpu",
     cost=load_step_cost(ROOT / "models" / "cost_tables.json"), dtype=torch.bfloat16,
 )  # fmt: skip
 TOKENIZER = load_tokenizer(ROOT / "models" / "target")

@@ -20,15 +20,18 @@ from pathlib import Path
 import torch
 
 from avspec.engine.scheduler import Scheduler
+from avspec.engine.scheduler_limits import SchedulerLimits
 from avspec.engine.sequence import GenerationRequest
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 
 ROOT = Path(__file__).resolve().parents[2]
 EOS = 2
 
 
 def run(step: SpeculativeStep, chunk: int, prompt: int, rows: int) -> dict:
-    scheduler = Scheduler(step, [EOS], rows + 1, 4096, 8, prefill_chunk=chunk)
+    scheduler = Scheduler(
+        step, [EOS], rows + 1, 4096, 8, limits=SchedulerLimits(prefill_chunk=chunk)
+    )
     gen = torch.Generator().manual_seed(0)
     stamps: dict[int, list[float]] = {i: [] for i in range(rows + 1)}
     submitted = {}
@@ -77,7 +80,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     step = SpeculativeStep.from_model_dirs(
-        ROOT / "models/target", ROOT / "models/draft", 8, args.rows + 1, 4096,
+        ROOT / "models/target", ROOT / "models/draft", StepCapacity(8, args.rows + 1, 4096),
         dtype=torch.bfloat16,
     )  # fmt: skip
     results = []

@@ -19,14 +19,16 @@ from helpers.stages import K, perturbed, tiny_model  # noqa: E402
 
 from avspec.engine.scheduler import Scheduler  # noqa: E402
 from avspec.engine.sequence import GenerationRequest  # noqa: E402
-from avspec.engine.step import SpeculativeStep  # noqa: E402
+from avspec.engine.step import SpeculativeStep, StepCapacity  # noqa: E402
 
 NAMES = ("check_", "_check", "_validate", "validate", "read_step_inputs")
 
 
 def main() -> None:
     target = tiny_model(20, layers=2, width=32)
-    step = SpeculativeStep.from_models(target, perturbed(target, 0.3, seed=5), K, 8, 96)
+    step = SpeculativeStep.from_models(
+        target, perturbed(target, 0.3, seed=5), StepCapacity(K, 8, 96)
+    )
     scheduler = Scheduler(step, {10**6}, 8, 96, K)
     for i in range(8):
         request = GenerationRequest(

@@ -14,12 +14,12 @@ import torch
 
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 
 ROOT = Path(__file__).resolve().parents[2]
 torch.set_num_threads(2)
 step = SpeculativeStep.from_model_dirs(
-    ROOT / "models/target", ROOT / "models/draft", 4, 16, 256, dtype=torch.bfloat16
+    ROOT / "models/target", ROOT / "models/draft", StepCapacity(4, 16, 256), dtype=torch.bfloat16
 )
 scheduler = Scheduler(step, {2}, 16, 256, 4)
 tokens = [0]

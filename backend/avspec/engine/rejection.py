@@ -33,6 +33,7 @@ noise from the requests' generators or given (tests vectorise many trials with i
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -42,16 +43,25 @@ from avspec.engine.sampling import check_generators, inverse_cdf, uniform_noise
 ProbsAt = Callable[[torch.Tensor], torch.Tensor]  # packed positions [n] int64 -> p [n, vocab]
 
 
+@dataclass(frozen=True)
+class RequestStreams:
+    """The requests' own generators (one per request), each drawing `positions` + 1 uniforms a
+    call (None: K + 1), the accept tests cut to the K verified: a caller verifying a prefix of a
+    longer draft window keeps every request's stream as the window's."""
+
+    generators: Sequence[torch.Generator]
+    positions: int | None = None
+
+
 def rejection_sample(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor | ProbsAt,
     num_verify: torch.Tensor,
-    generators: Sequence[torch.Generator] | None = None,
+    generators: Sequence[torch.Generator] | RequestStreams | None = None,
     *,
     first_position: torch.Tensor | None = None,
     noise: tuple[torch.Tensor, torch.Tensor] | None = None,
-    stream_positions: int | None = None,
     check_values: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify drafts -> output_ids [batch, K + 1] int32 (padding -1), num_accepted [batch] int32.
@@ -69,13 +79,13 @@ def rejection_sample(
       1 / (1 - a) at acceptance a). One host sync a depth: the CPU's path; on CUDA one pass
       over the packed positions costs less than the syncs.
 
-    Randomness: `generators` (one per request: K + 1 uniforms each, or `stream_positions` + 1
-    with the accept tests cut to K, so a caller verifying a prefix of a longer draft window
-    keeps every request's stream as the window's), or `noise` = (uniforms [batch, K] for the
-    accept tests, draw [batch] for the token), in [0, 1). `check_values` validates the
-    arguments: shapes, devices, value ranges and what is read (a host sync on CUDA); the target
-    stage passes False, its inputs checked once where the step entered it. An empty batch
-    returns empty outputs.
+    Randomness: `generators` (one per request: K + 1 uniforms each; as `RequestStreams` with
+    `positions`, that many + 1 with the accept tests cut to K, so a caller verifying a prefix of
+    a longer draft window keeps every request's stream as the window's), or `noise` = (uniforms
+    [batch, K] for the accept tests, draw [batch] for the token), in [0, 1). `check_values`
+    validates the arguments: shapes, devices, value ranges and what is read (a host sync on
+    CUDA); the target stage passes False, its inputs checked once where the step entered it.
+    An empty batch returns empty outputs.
     """
     if check_values:
         _check_drafts(draft_tokens)
@@ -95,7 +105,9 @@ def rejection_sample(
         _check_integer("first_position", first_position)
     if noise is None:
         assert generators is not None  # exactly one of the two (checked above)
-        uniforms, draw = _window_noise(generators, batch, num_pos, stream_positions, device)
+        if not isinstance(generators, RequestStreams):
+            generators = RequestStreams(generators)
+        uniforms, draw = _window_noise(generators, batch, num_pos, device)
     else:
         uniforms, draw = noise
         if check_values:
@@ -252,18 +264,14 @@ def _noise(
 
 
 def _window_noise(
-    generators: Sequence[torch.Generator],
-    batch: int,
-    num_pos: int,
-    stream_positions: int | None,
-    device: torch.device,
+    streams: RequestStreams, batch: int, num_pos: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_noise` of a window of stream_positions (>= num_pos, default num_pos) drafts, the
+    """`_noise` of a window of `streams.positions` (>= num_pos, default num_pos) drafts, the
     accept tests cut to the num_pos verified: ([batch, num_pos], [batch])."""
-    stream = num_pos if stream_positions is None else stream_positions
+    stream = num_pos if streams.positions is None else streams.positions
     if stream < num_pos:
-        raise ValueError(f"stream_positions {stream} < the {num_pos} draft positions")
-    uniforms, draw = _noise(generators, batch, stream, device)
+        raise ValueError(f"stream positions {stream} < the {num_pos} draft positions")
+    uniforms, draw = _noise(streams.generators, batch, stream, device)
     return uniforms[:, :num_pos], draw
 
 

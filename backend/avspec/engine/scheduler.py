@@ -38,7 +38,6 @@ the Triton step ensemble).
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -49,6 +48,7 @@ from avspec.engine.rebalance import rebalance
 from avspec.engine.refit_guard import RefitGuard
 from avspec.engine.request_limits import MAX_TEMPERATURE as MAX_TEMPERATURE  # serving's import
 from avspec.engine.request_limits import positions_needed, validate_request
+from avspec.engine.scheduler_limits import UNLIMITED, SchedulerLimits
 from avspec.engine.sequence import (
     Carry,
     GenerationRequest,
@@ -99,16 +99,11 @@ class _Events:
 class Scheduler:
     """Thread-safe in-flight batching scheduler over a step function.
 
-    The admission limits, the resident bound, the wall-clock limit and the refit guard default
-    to off (unbounded queue and residency, no limit, every row labelled); the served entry model
-    sets them from its parameters (docs/serving.md). The fair share of the batch is always on.
-    `kv_pool_tokens`: the stages keep every sequence's keys and values in one shared pool of that
-    many cells: a request is admitted only while the admitted ones' prompt +
-    max_tokens + K fit in it together, never ahead of an older one still waiting for cells, and
-    one that could never fit is refused (None: each sequence has its own `max_context` slot).
-    `prefill_chunk`: a longer prompt is sent that many tokens a step (`SequenceState.sent`), so
-    the rows decoding beside it are not stalled for the whole prompt (0: all at once).
-    `clock` (seconds, monotonic) times the wall-clock limit.
+    `limits` (avspec.engine.scheduler_limits.SchedulerLimits): the admission limits, the
+    resident bound, the wall-clock limit, the shared KV pool, the prefill chunk and the refit
+    guard, all off by default; the served entry model sets them from its parameters
+    (docs/serving.md). The fair share of the batch is always on. `clock` (seconds, monotonic)
+    times the wall-clock limit.
     """
 
     def __init__(
@@ -119,17 +114,12 @@ class Scheduler:
         max_context: int,
         max_draft_tokens: int,
         *,
-        max_queued: int | None = None,
-        max_queued_per_client: int | None = None,
-        refit_max_temperature: float = math.inf,
-        refit_client_share: float = 1.0,
+        limits: SchedulerLimits = UNLIMITED,
         first_seq_id: int = 1,
-        max_resident: int | None = None,
-        request_timeout_s: float | None = None,
-        kv_pool_tokens: int | None = None,
-        prefill_chunk: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        max_resident, request_timeout_s = limits.max_resident, limits.request_timeout_s
+        kv_pool_tokens, prefill_chunk = limits.kv_pool_tokens, limits.prefill_chunk
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if max_draft_tokens < 0:
@@ -152,6 +142,7 @@ class Scheduler:
             raise ValueError(f"prefill_chunk must be 0 or >= {2 + max_draft_tokens} (more than "
                              f"a step's accepted tokens), got {prefill_chunk}")  # fmt: skip
         self.step_fn = step_fn
+        self.limits = limits
         self.eos_ids = as_eos_ids(eos_ids)
         self.prefill_chunk = prefill_chunk
         self.max_batch_size = max_batch_size
@@ -166,9 +157,9 @@ class Scheduler:
         self._work = threading.Condition(self._lock)
         self._step_lock = threading.Lock()
         self._queue: AdmissionQueue[SequenceState] = AdmissionQueue(
-            max_queued, max_queued_per_client
+            limits.max_queued, limits.max_queued_per_client
         )
-        self._guard = RefitGuard(refit_max_temperature, refit_client_share)
+        self._guard = RefitGuard(limits.refit_max_temperature, limits.refit_client_share)
         self._live: list[SequenceState] = []
         self._releases: list[int] = []
         self._carry = Carry()  # stale state for the next step (avspec.engine.sequence.Carry)

@@ -7,6 +7,7 @@ ensemble of the draft, verifier and target models, so the scheduler drives eithe
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +24,16 @@ from avspec.runtime.transformer import Transformer
 
 # (inputs, what the draft produced, the verifier's decision, the target's outputs)
 StepObserver = Callable[[StepInputs, DraftOutput, VerifyDecision, StepOutputs], None]
+
+
+@dataclass(frozen=True)
+class StepCapacity:
+    """What a step's stages are built to hold: `max_draft_tokens` (K) drafts a row, and KV
+    caches of `max_sequences` slots of `max_length` positions each."""
+
+    max_draft_tokens: int
+    max_sequences: int
+    max_length: int
 
 
 class SpeculativeStep:
@@ -88,9 +99,7 @@ class SpeculativeStep:
         cls,
         target_dir: str | Path,
         draft_dir: str | Path,
-        max_draft_tokens: int,
-        max_sequences: int,
-        max_length: int,
+        capacity: StepCapacity,
         device: torch.device | str = "cpu",
         cost: StepCost | None = None,
         dtype: torch.dtype = torch.float32,
@@ -100,18 +109,12 @@ class SpeculativeStep:
 
         Default cost: linear, target 10x draft. `vocab_limit`: see `from_models`.
         """
+        max_length = capacity.max_length
         context = max_length if max_length > 0 else None
         target_model = load_model(target_dir, device, dtype, context)
         draft_model = load_model(draft_dir, device, dtype, context)
         return cls.from_models(
-            target_model,
-            draft_model,
-            max_draft_tokens,
-            max_sequences,
-            max_length,
-            device,
-            cost,
-            vocab_limit=vocab_limit,
+            target_model, draft_model, capacity, device, cost, vocab_limit=vocab_limit
         )
 
     @classmethod
@@ -119,9 +122,7 @@ class SpeculativeStep:
         cls,
         target_model: Transformer,
         draft_model: Transformer,
-        max_draft_tokens: int,
-        max_sequences: int,
-        max_length: int,
+        capacity: StepCapacity,
         device: torch.device | str = "cpu",
         cost: StepCost | None = None,
         *,
@@ -134,6 +135,8 @@ class SpeculativeStep:
         (`PairInfo.num_tokens`); logits past it are masked to -inf in both stages.
         `draft_top_k`: the draft stage's `top_k` (0: the target's warp).
         """
+        max_draft_tokens = capacity.max_draft_tokens
+        max_sequences, max_length = capacity.max_sequences, capacity.max_length
         tokens = max_sequences * (max_length if max_length > 0 else 1)
         if cost is None:
             cost = StepCost.linear(1.0, 0.01, 10.0, 0.1, max_sequences, tokens)

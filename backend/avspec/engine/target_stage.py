@@ -30,7 +30,7 @@ import torch
 
 from avspec.checks import check_shape
 from avspec.contract import HostStep, StepInputs, StepOutputs, read_step_inputs
-from avspec.engine.rejection import rejection_sample
+from avspec.engine.rejection import RequestStreams, rejection_sample
 from avspec.engine.sampling import warp_probs
 from avspec.engine.stage import TARGET_SALT, ModelStage, StageModel
 
@@ -157,9 +157,8 @@ class TargetStage(ModelStage):
             draft_probs.to(self.device),
             target_probs,
             num_verify,
-            self.slots.generators(step.seq_ids),
+            RequestStreams(self.slots.generators(step.seq_ids), positions=k),
             first_position=packed.first,
-            stream_positions=k,
             check_values=self.check_values,
         )
         if width < k:

@@ -5,7 +5,8 @@ and returns (by name: dtypes and dims come from `avspec.contract.STEP_TENSORS`),
 (the defaults of its parameter dataclass in avspec.serving.repository, with the values the
 repository serves where they differ) and, for the ensemble, its steps (each step's maps follow
 the tensors of the model it calls). They are rendered with Triton's ModelConfig protobuf
-(avspec.serving.pbtxt). `make repository` writes them (`--write`); `--check` lists the files a
+(avspec.serving.pbtxt). The entry's public inputs and outputs are avspec.serving.entry_interface's.
+`make repository` writes them (`--write`); `--check` lists the files a
 hand edit made disagree; tests/unit/serving/test_model_configs.py fails on any.
 """
 
@@ -28,6 +29,7 @@ from avspec.config import EstimatorConfig
 from avspec.contract import STEP_INPUTS, STEP_OUTPUTS, STEP_TENSORS, TensorSpec
 from avspec.serving import pbtxt
 from avspec.serving.config_notes import MODEL_NOTES, PARAMETER_NOTES
+from avspec.serving.entry_interface import ENTRY_INPUTS, ENTRY_OUTPUTS
 from avspec.serving.repository import (
     EntryParams,
     StageParams,
@@ -75,27 +77,6 @@ VERIFIER_IO = (
 TARGET_IO = (
     [*DRAFT_IO[0], "draft_tokens", "draft_probs", "num_verify"],
     ["output_ids", "num_accepted", "target_ms"],
-)
-# The public interface of `speculative` (not step tensors): name, type, dims, optional.
-ENTRY_INPUTS = (
-    ("text_input", mc.TYPE_STRING, [1], False),
-    ("max_tokens", mc.TYPE_INT32, [1], False),
-    ("temperature", mc.TYPE_FP32, [1], True),
-    ("top_p", mc.TYPE_FP32, [1], True),
-    ("random_seed", mc.TYPE_UINT64, [1], True),
-    ("stream", mc.TYPE_BOOL, [1], True),
-    ("num_draft_tokens", mc.TYPE_INT32, [1], True),
-    ("adaptive_verification", mc.TYPE_BOOL, [1], True),
-    ("adaptive_drafting", mc.TYPE_BOOL, [1], True),
-    ("plain_spans", mc.TYPE_INT32, [-1], True),
-)
-ENTRY_OUTPUTS = (
-    ("text_output", mc.TYPE_STRING, [1]),
-    ("drafted_tokens", mc.TYPE_INT32, [1]),
-    ("verified_tokens", mc.TYPE_INT32, [1]),
-    ("accepted_tokens", mc.TYPE_INT32, [1]),
-    ("output_ids", mc.TYPE_INT32, [-1]),
-    ("prompt_tokens", mc.TYPE_INT32, [1]),
 )
 # tensorrt_llm: the backend's tensor options beyond avspec.trtllm.request's specs.
 RAGGED = ("input_ids", "draft_input_ids", "draft_logits")
@@ -240,8 +221,13 @@ def ensemble(stages: Sequence[mc.ModelConfig]) -> mc.ModelConfig:
 
 
 def entry() -> mc.ModelConfig:
-    inputs = [mc.ModelInput(name=n, data_type=t, dims=d, optional=o) for n, t, d, o in ENTRY_INPUTS]
-    outputs = [mc.ModelOutput(name=n, data_type=t, dims=d) for n, t, d in ENTRY_OUTPUTS]
+    inputs = [
+        mc.ModelInput(name=t.name, data_type=t.data_type, dims=t.dims, optional=t.optional)
+        for t in ENTRY_INPUTS
+    ]
+    outputs = [
+        mc.ModelOutput(name=t.name, data_type=t.data_type, dims=t.dims) for t in ENTRY_OUTPUTS
+    ]
     params = parameters(EntryParams, max_context=512)
     config = model("speculative", "python", inputs, outputs, params)
     config.model_transaction_policy.decoupled = True

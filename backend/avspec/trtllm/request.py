@@ -190,25 +190,34 @@ def draft_log_probs(draft_probs: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.nn.functional.pad(logs, (0, vocab_size - vocab), value=LOG_ZERO)
 
 
+@dataclass(frozen=True)
+class RowSampling:
+    """Each row's sampling settings, as the step contract carries them: `temperature` and
+    `top_p` [batch] fp (temperature 0: greedy), `random_seed` [batch] int."""
+
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    random_seed: torch.Tensor
+
+
 def build_requests(
     seq_ids: torch.Tensor,
     contexts: Sequence[Sequence[int]],
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor,
     num_verify: torch.Tensor,
-    temperature: torch.Tensor,
-    top_p: torch.Tensor,
-    random_seed: torch.Tensor,
+    sampling: RowSampling,
     vocab_size: int,
     use_draft_logits: bool = True,
 ) -> list[TargetRequest]:
     """One TargetRequest per sequence, in batch order (see the module docstring for the rules).
 
     seq_ids [batch] int, contexts: batch lists of committed tokens, draft_tokens [batch, K] int,
-    draft_probs [batch, K, vocab] fp (device), num_verify [batch] int in 0..K, temperature and
-    top_p [batch] fp, random_seed [batch] int. Host-side: everything but draft_probs is read to
-    the host once (the fan-out needs each row's lengths); draft_probs is sliced on its device.
+    draft_probs [batch, K, vocab] fp (device), num_verify [batch] int in 0..K, `sampling` the
+    rows' temperature, top_p and seed. Host-side: everything but draft_probs is read to the host
+    once (the fan-out needs each row's lengths); draft_probs is sliced on its device.
     """
+    temperature, top_p, random_seed = sampling.temperature, sampling.top_p, sampling.random_seed
     batch = len(contexts)
     check_shape("seq_ids", seq_ids, (batch,))
     check_shape("draft_tokens", draft_tokens, (batch, None))

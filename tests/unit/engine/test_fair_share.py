@@ -28,8 +28,9 @@ import torch
 from helpers.stages import K, perturbed, tiny_model
 
 from avspec.engine.scheduler import Scheduler
+from avspec.engine.scheduler_limits import SchedulerLimits
 from avspec.engine.sequence import GenerationRequest, StepReport
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -40,7 +41,7 @@ MAX_LENGTH = 96  # the tiny models' context
 def make_step(max_sequences: int) -> SpeculativeStep:
     target = tiny_model(20, layers=2, width=32)
     return SpeculativeStep.from_models(
-        target, perturbed(target, 0.3, seed=5), K, max_sequences, MAX_LENGTH
+        target, perturbed(target, 0.3, seed=5), StepCapacity(K, max_sequences, MAX_LENGTH)
     )
 
 
@@ -57,7 +58,9 @@ def test_a_paused_sequence_continues_exactly() -> None:
     hog = [sampled(p, 40, seed=11 + i, client="A") for i, p in enumerate(prompts)]
     outputs = []
     for other_client in (False, True):
-        scheduler = Scheduler(make_step(8), NO_EOS, 4, MAX_LENGTH, K, max_resident=8)
+        scheduler = Scheduler(
+            make_step(8), NO_EOS, 4, MAX_LENGTH, K, limits=SchedulerLimits(max_resident=8)
+        )
         tokens: list[list[int]] = [[] for _ in hog]
         for request, out in zip(hog, tokens, strict=True):
             scheduler.submit(request, lambda r, out=out: out.extend(r.new_tokens), pytest.fail)

@@ -27,7 +27,7 @@ from helpers.hf_dirs import (  # noqa: E402
 
 from avspec.engine.scheduler import Scheduler  # noqa: E402
 from avspec.engine.sequence import GenerationRequest  # noqa: E402
-from avspec.engine.step import SpeculativeStep  # noqa: E402
+from avspec.engine.step import SpeculativeStep, StepCapacity  # noqa: E402
 from avspec.runtime.hf_tokenizer import HFTokenizer  # noqa: E402
 from avspec.runtime.model_dir import load_tokenizer  # noqa: E402
 from avspec.runtime.pair import check_pair  # noqa: E402
@@ -96,7 +96,7 @@ def pair_step(target_dir, draft_dir, prompt, eos_ids, rows: dict[str, int] | Non
         draft_dir, target_dir, load_tokenizer(draft_dir), tokenizer, rows["draft"], rows["target"]
     )
     step = SpeculativeStep.from_model_dirs(
-        target_dir, draft_dir, K, 4, CONTEXT, vocab_limit=info.num_tokens
+        target_dir, draft_dir, StepCapacity(K, 4, CONTEXT), vocab_limit=info.num_tokens
     )
     return step, tokenizer, info
 

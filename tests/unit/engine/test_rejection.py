@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from avspec.engine.rejection import rejection_sample
+from avspec.engine.rejection import RequestStreams, rejection_sample
 
 
 def _gens(*seeds):
@@ -231,10 +231,10 @@ def test_by_depth_equals_the_packed_form_and_asks_only_where_the_scan_goes():
 
         seeds = [1000 * seed + r for r in range(batch)]
         packed_gens, depth_gens = _gens(*seeds), _gens(*seeds)
-        want = rejection_sample(drafts, q, packed, num_verify, packed_gens, first_position=first,
-                                stream_positions=k + 2)  # fmt: skip
-        got = rejection_sample(drafts, q, probs_at, num_verify, depth_gens, first_position=first,
-                               stream_positions=k + 2)  # fmt: skip
+        want = rejection_sample(drafts, q, packed, num_verify, RequestStreams(packed_gens, k + 2),
+                                first_position=first)  # fmt: skip
+        got = rejection_sample(drafts, q, probs_at, num_verify, RequestStreams(depth_gens, k + 2),
+                               first_position=first)  # fmt: skip
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), seed
         for a, b in zip(packed_gens, depth_gens, strict=True):
             assert torch.equal(a.get_state(), b.get_state())

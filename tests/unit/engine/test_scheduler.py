@@ -22,8 +22,9 @@ from avspec.contract import StepInputs, StepOutputs
 from avspec.engine.admission import Overloaded
 from avspec.engine.request_limits import MAX_TEMPERATURE
 from avspec.engine.scheduler import RequestTimedOut, Scheduler
+from avspec.engine.scheduler_limits import SchedulerLimits
 from avspec.engine.sequence import GenerationRequest, StepReport
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 
 K = 8
 EOS = 256
@@ -282,7 +283,7 @@ def test_submission_validation(kwargs: dict, match: str) -> None:
 )
 def test_constructor_validation(args: tuple, kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        Scheduler(FakeStep(), EOS, *args, **kwargs)
+        Scheduler(FakeStep(), EOS, *args, limits=SchedulerLimits(**kwargs))
 
 
 def test_background_thread_serves_and_stops() -> None:
@@ -382,7 +383,9 @@ def test_a_burst_cannot_starve_another_client() -> None:
 
 
 def test_queue_limits_raise_overloaded() -> None:
-    scheduler = Scheduler(FakeStep(), EOS, 2, 128, K, max_queued=3, max_queued_per_client=2)
+    scheduler = Scheduler(
+        FakeStep(), EOS, 2, 128, K, limits=SchedulerLimits(max_queued=3, max_queued_per_client=2)
+    )
     # Two free batch slots count as room: each limit applies to requests beyond them.
     for _ in range(4):
         submit(scheduler, 2, 3, client="A")
@@ -424,7 +427,7 @@ def outcomes_sent(fake: FakeStep, call: int) -> list[int]:
 
 def test_hot_rows_do_not_feed_the_refit() -> None:
     fake = FakeStep()
-    scheduler = Scheduler(fake, EOS, 8, 128, K, refit_max_temperature=2.0)
+    scheduler = Scheduler(fake, EOS, 8, 128, K, limits=SchedulerLimits(refit_max_temperature=2.0))
     submit(scheduler, 2, 30, temperature=0.7)
     submit(scheduler, 2, 30, temperature=2.5)
     submit(scheduler, 2, 30, temperature=2.0)
@@ -468,8 +471,8 @@ def test_in_process_step_takes_the_refit_guard() -> None:
     prompts = [[72, 101, 108], [1] * 5, [200, 3, 17], [42]]
     labels, outputs = [], []
     for share in (1.0, 0.25):
-        step = SpeculativeStep.from_models(target, draft, k, 8, 96)
-        scheduler = Scheduler(step, EOS, 8, 96, k, refit_client_share=share)
+        step = SpeculativeStep.from_models(target, draft, StepCapacity(k, 8, 96))
+        scheduler = Scheduler(step, EOS, 8, 96, k, limits=SchedulerLimits(refit_client_share=share))
         requests = [GenerationRequest(p, 10, temperature=0.0, num_draft_tokens=k) for p in prompts]
         with torch.no_grad():
             outputs.append(generate(scheduler, requests))
@@ -553,7 +556,9 @@ def test_paused_sequences_resume_first_and_lowest_id_first() -> None:
 def test_cancel_and_timeout_release_a_paused_sequence() -> None:
     fake = FakeStep()
     now = [0.0]
-    scheduler = Scheduler(fake, EOS, 2, 128, K, request_timeout_s=10.0, clock=lambda: now[0])
+    scheduler = Scheduler(
+        fake, EOS, 2, 128, K, limits=SchedulerLimits(request_timeout_s=10.0), clock=lambda: now[0]
+    )
     (a1, _), (a2, ca2) = submit(scheduler, 2, 60, client="A"), submit(scheduler, 2, 60, client="A")
     scheduler.step()
     now[0] = 5.0
@@ -574,7 +579,9 @@ def test_cancel_and_timeout_release_a_paused_sequence() -> None:
 def test_request_timeout_ends_queued_and_live_requests_naming_the_limit() -> None:
     fake = FakeStep()
     now = [100.0]
-    scheduler = Scheduler(fake, EOS, 1, 128, K, request_timeout_s=2.5, clock=lambda: now[0])
+    scheduler = Scheduler(
+        fake, EOS, 1, 128, K, limits=SchedulerLimits(request_timeout_s=2.5), clock=lambda: now[0]
+    )
     live_id, live = submit(scheduler, 2, 60)
     scheduler.step()
     _, queued = submit(scheduler, 2, 60)
@@ -595,7 +602,7 @@ def test_max_resident_bounds_live_plus_paused() -> None:
     """Paused sequences keep their stage slots: a request that has not started is admitted only
     while live + paused stay within max_resident; a paused one can always resume."""
     fake = FakeStep()
-    scheduler = Scheduler(fake, EOS, 4, 128, K, max_resident=5)
+    scheduler = Scheduler(fake, EOS, 4, 128, K, limits=SchedulerLimits(max_resident=5))
     for _ in range(4):
         submit(scheduler, 2, 40, client="A")
     scheduler.step()
@@ -616,7 +623,9 @@ def test_a_shared_kv_pool_admits_what_fits_together() -> None:
     the next waits until one ends; a request that could never fit is refused by name."""
     fake = FakeStep()
     need = 10 + 30 + K
-    scheduler = Scheduler(fake, EOS, 4, 128, K, kv_pool_tokens=2 * need + need // 2)
+    scheduler = Scheduler(
+        fake, EOS, 4, 128, K, limits=SchedulerLimits(kv_pool_tokens=2 * need + need // 2)
+    )
     ids = [submit(scheduler, 10, 30)[0] for _ in range(3)]
     scheduler.step()
     assert scheduler.live_count == 2 and ids[2] not in stepped_ids(fake)
@@ -628,7 +637,7 @@ def test_a_shared_kv_pool_admits_what_fits_together() -> None:
     with pytest.raises(ValueError, match=r"exceeds the KV pool's cells \(kv_pool_tokens\) 120"):
         submit(scheduler, 80, 40)
     with pytest.raises(ValueError, match="kv_pool_tokens must be >= "):
-        Scheduler(fake, EOS, 4, 128, K, kv_pool_tokens=K)
+        Scheduler(fake, EOS, 4, 128, K, limits=SchedulerLimits(kv_pool_tokens=K))
 
 
 @pytest.mark.parametrize(
@@ -641,7 +650,7 @@ def test_a_shared_kv_pool_admits_what_fits_together() -> None:
 )
 def test_fair_share_constructor_validation(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        Scheduler(FakeStep(), EOS, 4, 64, K, **kwargs)
+        Scheduler(FakeStep(), EOS, 4, 64, K, limits=SchedulerLimits(**kwargs))
 
 
 def test_a_large_request_is_not_overtaken_in_the_pool() -> None:
@@ -654,7 +663,7 @@ def test_a_large_request_is_not_overtaken_in_the_pool() -> None:
 
     fake = FakeStep()
     pool = 120
-    scheduler = Scheduler(fake, EOS, 8, 128, K, kv_pool_tokens=pool)
+    scheduler = Scheduler(fake, EOS, 8, 128, K, limits=SchedulerLimits(kv_pool_tokens=pool))
     running = submit(scheduler, 10, 50, client="A")[0]  # 60 + K cells
     scheduler.step()
     large = submit(scheduler, 10, 90, client="B")[0]  # 100 + K: not while `running` runs

@@ -47,7 +47,7 @@ from avspec.engine.draft_vocab import DraftVocab
 from avspec.engine.sampling import draft_warp, warp_probs
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -70,7 +70,7 @@ def _pair():
 def _build(target, draft, draft_top_k: int = 0) -> SpeculativeStep:
     cost = StepCost.linear(0.1, 0.01, 1.0, 0.05, max_rows=128, max_tokens=2048)
     return SpeculativeStep.from_models(
-        _on_device(target), _on_device(draft), K, BATCH + 4, 32, DEVICE, cost,
+        _on_device(target), _on_device(draft), StepCapacity(K, BATCH + 4, 32), DEVICE, cost,
         draft_top_k=draft_top_k,
     )  # fmt: skip
 
@@ -334,7 +334,7 @@ def gguf_pair(tmp_path_factory):
 def _gguf_step(paths) -> SpeculativeStep:
     target, draft = _gguf_models(paths)
     cost = StepCost.linear(0.1, 0.01, 1.0, 0.05, max_rows=128, max_tokens=2048)
-    return SpeculativeStep.from_models(target, draft, K, BATCH + 4, 32, "cpu", cost)
+    return SpeculativeStep.from_models(target, draft, StepCapacity(K, BATCH + 4, 32), "cpu", cost)
 
 
 def test_llamacpp_stages_sample_the_engines_law(gguf_pair):

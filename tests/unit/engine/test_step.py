@@ -17,8 +17,9 @@ from helpers.stages import K, make_inputs, perturbed, tiny_model
 
 from avspec.av.step_cost import StepCost
 from avspec.engine.scheduler import Scheduler
+from avspec.engine.scheduler_limits import SchedulerLimits
 from avspec.engine.sequence import GenerationRequest
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 from avspec.runtime.transformer import Transformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -30,7 +31,7 @@ PROMPTS = [[72, 101, 108], [1] * 9, [200, 3, 17, 99, 5, 6], [42]]
 def build(target: Transformer, draft: Transformer, max_sequences: int = 8) -> SpeculativeStep:
     """A step whose steep verify cost makes the verifier trim drafts."""
     return SpeculativeStep.from_models(
-        target, draft, K, max_sequences, 96,
+        target, draft, StepCapacity(K, max_sequences, 96),
         cost=StepCost.linear(0.1, 0.01, 1.0, 1.0, max_rows=64, max_tokens=512),
     )  # fmt: skip
 
@@ -125,7 +126,7 @@ def test_chunked_prefill_keeps_greedy_output_and_bounds_each_step(pair) -> None:
         return step(inputs)
 
     chunk = K + 2
-    scheduler = Scheduler(recording, EOS, 8, 96, K, prefill_chunk=chunk)
+    scheduler = Scheduler(recording, EOS, 8, 96, K, limits=SchedulerLimits(prefill_chunk=chunk))
     reports: list[list] = [[] for _ in prompts]
     tokens: list[list[int]] = [[] for _ in prompts]
     for i, prompt in enumerate(prompts):
@@ -159,7 +160,7 @@ def test_a_chunked_prompt_drafts_from_its_first_decoding_step(pair) -> None:
         drafted.append((int(inputs.num_draft_tokens.sum()), int(outputs.num_drafted.sum())))
         return outputs
 
-    scheduler = Scheduler(recording, EOS, 8, 96, K, prefill_chunk=K + 2)
+    scheduler = Scheduler(recording, EOS, 8, 96, K, limits=SchedulerLimits(prefill_chunk=K + 2))
     request = GenerationRequest(list(range(1, 41)), 8, temperature=0.0, num_draft_tokens=K)
     assert request.adaptive and request.adaptive_drafting
     generate(scheduler, [request])
@@ -169,7 +170,7 @@ def test_a_chunked_prompt_drafts_from_its_first_decoding_step(pair) -> None:
 
 def test_a_prefill_chunk_smaller_than_a_step_is_refused(pair) -> None:
     with pytest.raises(ValueError, match="prefill_chunk must be 0 or >= 6"):
-        Scheduler(build(*pair), EOS, 8, 96, K, prefill_chunk=K + 1)
+        Scheduler(build(*pair), EOS, 8, 96, K, limits=SchedulerLimits(prefill_chunk=K + 1))
 
 
 def test_sampled_output_does_not_depend_on_the_batch(pair) -> None:
@@ -211,7 +212,9 @@ def test_from_model_dirs(tmp_path) -> None:
     draft = perturbed(target, 0.3, seed=5)
     save_transformer_dir(tmp_path / "target", target)
     save_transformer_dir(tmp_path / "draft", draft)
-    step = SpeculativeStep.from_model_dirs(tmp_path / "target", tmp_path / "draft", K, 4, 64)
+    step = SpeculativeStep.from_model_dirs(
+        tmp_path / "target", tmp_path / "draft", StepCapacity(K, 4, 64)
+    )
     out = generate(
         step,
         [GenerationRequest(PROMPTS[0], 6, temperature=0.0, num_draft_tokens=K)],
@@ -282,7 +285,7 @@ def test_padded_vocab_rows_are_never_drafted_or_sampled() -> None:
     assert any(t >= limit for out in unmasked for t in out), "control: padded rows win unmasked"
 
     step = SpeculativeStep.from_models(
-        target, draft, K, 16, 96,
+        target, draft, StepCapacity(K, 16, 96),
         cost=StepCost.linear(0.1, 0.01, 1.0, 1.0, max_rows=64, max_tokens=512),
         vocab_limit=limit,
     )  # fmt: skip
@@ -304,8 +307,8 @@ def test_vocab_limit_must_fit_the_model(pair) -> None:
     target, draft = pair
     for bad in (0, target.config.vocab_size + 1):
         with pytest.raises(ValueError, match="vocab_limit"):
-            SpeculativeStep.from_models(target, draft, K, 4, 64, vocab_limit=bad)
-    step = SpeculativeStep.from_models(target, draft, K, 4, 64, vocab_limit=257)
+            SpeculativeStep.from_models(target, draft, StepCapacity(K, 4, 64), vocab_limit=bad)
+    step = SpeculativeStep.from_models(target, draft, StepCapacity(K, 4, 64), vocab_limit=257)
     assert step.draft.vocab_limit is None and step.target.vocab_limit is None  # nothing padded
 
 

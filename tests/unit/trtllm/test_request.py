@@ -17,6 +17,7 @@ from avspec.trtllm.request import (
     TRTLLM_INPUTS,
     TRTLLM_OUTPUTS,
     ContextLedger,
+    RowSampling,
     build_requests,
     draft_log_probs,
     gather_outputs,
@@ -63,9 +64,11 @@ def step(num_verify, temperature=(0.0, 1.0, 0.7), vocab_size=VOCAB, use_logits=T
         drafts,
         probs,
         torch.tensor(num_verify, dtype=torch.int32),
-        torch.tensor(temperature[:batch], dtype=torch.float32),
-        torch.full((batch,), 0.9),
-        torch.arange(batch, dtype=torch.int64) + 100,
+        RowSampling(
+            torch.tensor(temperature[:batch], dtype=torch.float32),
+            torch.full((batch,), 0.9),
+            torch.arange(batch, dtype=torch.int64) + 100,
+        ),
         vocab_size,
         use_logits,
     )
@@ -158,8 +161,9 @@ def test_build_requests_rejects_bad_shapes_and_empty_context() -> None:
     drafts = torch.zeros(2, K, dtype=torch.int32)
     probs = torch.full((2, K, VOCAB), 1 / VOCAB)
     common = dict(
-        num_verify=torch.zeros(2, dtype=torch.int32), temperature=torch.zeros(2),
-        top_p=torch.ones(2), random_seed=torch.zeros(2, dtype=torch.int64), vocab_size=VOCAB,
+        num_verify=torch.zeros(2, dtype=torch.int32),
+        sampling=RowSampling(torch.zeros(2), torch.ones(2), torch.zeros(2, dtype=torch.int64)),
+        vocab_size=VOCAB,
     )  # fmt: skip
     with pytest.raises(ValueError, match="draft_probs must have shape"):
         build_requests(torch.arange(2), [[1], [2]], drafts, probs[:, :2], **common)

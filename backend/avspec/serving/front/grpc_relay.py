@@ -21,14 +21,14 @@ refused health calls once idle streams filled it: a stream takes a slot of its p
 and of the total, any other call but health (ServerLive, ServerReady, ServerMetadata) one of the
 total; past a cap RESOURCE_EXHAUSTED. A stream that sends no request within
 `stream_first_request_timeout_s` of opening, or has had none in progress for
-`stream_idle_timeout_s` since its last answer, is ended with UNAVAILABLE (_Activity).
+`stream_idle_timeout_s` since its last answer, is ended with UNAVAILABLE (front.grpc_idle).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -38,6 +38,7 @@ from tritonclient.grpc import service_pb2
 
 from avspec.serving.exposure import ADMIN_KEY_HEADER, CLIENT_HEADER, GRPC_RESTRICTED_PREFIX
 from avspec.serving.front.config import FrontConfig
+from avspec.serving.front.grpc_idle import StreamActivity, end_when_idle
 from avspec.serving.front.inflight import InFlight, settle
 from avspec.serving.front.limits import Full, Slots
 from avspec.serving.front.policy import (
@@ -75,7 +76,6 @@ _GRPC_OWN_METADATA = frozenset({"user-agent", "content-type", "te", "grpc-accept
 _STREAM_EOF = object()
 # Never refused by the caps of front.limits: a probe must see the server whatever clients hold.
 _HEALTH_RPCS = frozenset({"ServerLive", "ServerReady", "ServerMetadata"})
-_FINAL_RESPONSE = "triton_final_response"  # response parameter Triton sets on decoupled models
 
 
 @dataclass(frozen=True)
@@ -92,70 +92,6 @@ def _model_of(rpc: str, request: bytes) -> tuple[str, Any]:
     if rpc == "ModelReady":
         return service_pb2.ModelReadyRequest.FromString(request).name, ()
     return service_pb2.ModelMetadataRequest.FromString(request).name, ()
-
-
-def _completes_request(response: bytes) -> bool:
-    """Whether a ModelStreamInfer response is its request's last one.
-
-    Triton marks every response of a decoupled model with `triton_final_response`; a model that
-    is not decoupled answers each request once, unmarked.
-    """
-    try:
-        message = service_pb2.ModelStreamInferResponse.FromString(response)
-    except Exception:  # protobuf's DecodeError; unknown counts as "still in progress"
-        return False
-    parameters = message.infer_response.parameters
-    final = parameters.get(_FINAL_RESPONSE)
-    return final is None or final.bool_param
-
-
-@dataclass
-class _Activity:
-    """What makes a stream idle: no request in progress (none sent and still unanswered) since
-    `quiet_since` (loop time), for the idle timeout. A stream waiting on a long generation is
-    busy however long it waits, and a client gets the whole timeout after each answer."""
-
-    quiet_since: float
-    pending: int = 0  # requests sent upstream whose last response has not reached the client
-    used: bool = False  # a request was sent on this stream
-
-    def sent(self) -> None:
-        self.pending += 1
-        self.used = True
-
-    def answered(self, response: bytes, now: float) -> None:
-        if self.pending and _completes_request(response):
-            self.pending -= 1
-            if not self.pending:
-                self.quiet_since = now
-
-    def limit_s(self, first_s: float, idle_s: float) -> float:
-        """The idle limit that applies: `first_s` until a request was sent, then `idle_s`."""
-        return idle_s if self.used else first_s
-
-    def idle_at(self, first_s: float, idle_s: float) -> float | None:
-        """When the stream becomes idle (loop time); None while a request is in progress."""
-        return None if self.pending else self.quiet_since + self.limit_s(first_s, idle_s)
-
-
-async def _end_when_idle(
-    activity: _Activity,
-    first_s: float,
-    idle_s: float,
-    end: Callable[[grpc.StatusCode, str], None],
-) -> None:
-    """End the stream with UNAVAILABLE once it has been idle past its limit (_Activity)."""
-    loop = asyncio.get_running_loop()
-    while (idle_at := activity.idle_at(first_s, idle_s)) is None or loop.time() < idle_at:
-        wait = min(first_s, idle_s) / 2 if idle_at is None else idle_at - loop.time()
-        await asyncio.sleep(wait)
-    limit = activity.limit_s(first_s, idle_s)
-    what = "no request in progress" if activity.used else "no request sent"
-    message = (
-        f"stream closed by the server: {what} for {limit:g} s (idle limit); open a new stream "
-        "when you have a request"
-    )
-    end(grpc.StatusCode.UNAVAILABLE, message)
 
 
 class GrpcRelay(grpc.GenericRpcHandler):
@@ -381,12 +317,12 @@ class GrpcRelay(grpc.GenericRpcHandler):
         One task copies requests up, one copies responses into a small queue (backpressure), and
         this generator yields from the queue; a refused request ends the stream with its status,
         and so does Front.abort_inference (UNAVAILABLE). A third task ends the stream once it is
-        idle (_Activity): open streams cost Triton and a slot of their address.
+        idle (StreamActivity): open streams cost Triton and a slot of their address.
         """
         await self._authenticate(context)
         admin, _ = self._admin(context)
         loop = asyncio.get_running_loop()
-        activity = _Activity(quiet_since=loop.time())
+        activity = StreamActivity(quiet_since=loop.time())
         assert self._channel is not None
         call = self._channel.stream_stream(method)(
             metadata=self._metadata(context), timeout=context.time_remaining()
@@ -429,7 +365,7 @@ class GrpcRelay(grpc.GenericRpcHandler):
             queue.put_nowait(_Refused(code, message))
 
         watch = asyncio.create_task(
-            _end_when_idle(
+            end_when_idle(
                 activity,
                 self.config.stream_first_request_timeout_s,
                 self.config.stream_idle_timeout_s,

@@ -172,7 +172,8 @@ class ConnectionServer(web.Server):
             message = _UNPARSED
         elif message.version < HttpVersion10:  # answered (505) on HTTP/1.1, then closed
             message = message._replace(version=HttpVersion11, should_close=True)
-            protocol.refusal = (505, "HTTP/0.9 is not supported: send HTTP/1.1")  # type: ignore[attr-defined]
+            assert isinstance(protocol, FrontConnection)  # the only handler ConnectionServer makes
+            protocol.refusal = (505, "HTTP/0.9 is not supported: send HTTP/1.1")
         return FrontRequest(message, payload, protocol, writer, task, self._loop)
 
 

@@ -21,7 +21,7 @@ models. So aiohttp parses HTTP on both sides, and the project keeps only its rul
 * bodies over `max_body_bytes` get 413 before a byte is read, also in place of
   `100 Continue` (Triton 2.51's HTTP front end crashes on a ~10 MB body sent with
   `Expect: 100-continue`); generate bodies are type-checked against the model's inputs
-  (front.schema), infer parameters named `avspec-*` refused;
+  (front.schema), infer parameters named `avspec-*` refused (front.http_body);
 * the caller's identity (its key's name, or its IP; see policy) goes upstream in header
   `avspec-client` and, for
   generate and generate_stream, as the body field `"avspec-client"`: Triton 2.51 does not
@@ -51,12 +51,10 @@ from dataclasses import dataclass
 
 import aiohttp
 from aiohttp import web
-from aiohttp.http import HttpVersion11
-from aiohttp.web_protocol import RequestPayloadError
-from aiohttp.web_urldispatcher import _default_expect_handler
 
-from avspec.serving.exposure import ADMIN_KEY_HEADER, CLIENT_HEADER
+from avspec.serving.exposure import ADMIN_KEY_HEADER
 from avspec.serving.front.config import FrontConfig
+from avspec.serving.front.http_body import check_infer, checked_generate, read_body
 from avspec.serving.front.http_connection import ConnectionServer, FrontConnection
 from avspec.serving.front.http_routes import Route, route
 from avspec.serving.front.http_status import (
@@ -73,11 +71,9 @@ from avspec.serving.front.policy import (
     Unauthorized,
     host_allowed,
     key_identity,
-    reserved_parameter,
     shown,
     stage_ready,
 )
-from avspec.serving.front.schema import check_generate_body, parse_json
 
 _log = logging.getLogger(__name__)
 
@@ -235,9 +231,9 @@ class HttpRelay:
                 raise HttpError(401, str(err), (("WWW-Authenticate", "Bearer"),)) from None
         if request.method == "POST":
             check_cross_site(request, found)
-        body = await self._read_body(request)
+        body = await read_body(request, self.config.max_body_bytes, self.config.read_timeout_s)
         if found.kind == "generate":
-            body = self._checked_generate(body, identity)
+            body = checked_generate(body, self.config.generate_schema, identity)
         elif found.kind == "infer":
             check_infer(request, body)
         if found.inference and not await stage_ready(self.config.ready):
@@ -253,53 +249,6 @@ class HttpRelay:
         if found.kind not in ("plain", "live", "generate", "infer"):
             raise HttpError(404, f"{path} is not served by this front")
         return await self._forward(request, body, found, identity)
-
-    async def _read_body(self, request: web.BaseRequest) -> bytes:
-        """The body, read only once its declared size is within the limit (413 otherwise)."""
-        limit = self.config.max_body_bytes
-        length = request.content_length
-        if length is not None and length > limit:
-            message = f"request body of {length} bytes exceeds the limit of {limit} bytes"
-            raise HttpError(413, message)
-        if not request.body_exists:
-            if request.method == "POST" and length is None:
-                raise HttpError(411, "a POST needs a body: a Content-Length or a chunked body")
-            return b""
-        expect = request.headers.getall("Expect", [])
-        if expect:
-            if [value.lower() for value in expect] != ["100-continue"]:
-                raise HttpError(417, "only 'Expect: 100-continue' is supported")
-            if request.version == HttpVersion11:
-                # answered here, never by Triton (it crashes on large bodies after 100-continue)
-                # aiohttp's interim 100 Continue (typed for web.Request, works on any request)
-                await _default_expect_handler(request)  # type: ignore[arg-type]
-        body = bytearray()
-        try:
-            async with asyncio.timeout(self.config.read_timeout_s):
-                while chunk := await request.content.readany():
-                    body += chunk
-                    if len(body) > limit:  # a chunked body has no size to check beforehand
-                        message = f"request body exceeds the limit of {limit} bytes"
-                        raise HttpError(413, message)
-        except TimeoutError:
-            raise HttpError(408, "timed out reading the request body") from None
-        except RequestPayloadError as err:  # aiohttp decodes gzip, deflate and br bodies
-            request.content.feed_eof()  # nothing more to read (or to linger over) on it
-            encoding = request.headers.get("Content-Encoding")
-            what = f"valid {shown(encoding)} data" if encoding else "a well-formed body"
-            cause = err.__cause__ if isinstance(err.__cause__, Exception) else err
-            reason = str(cause).replace("\n", " ").strip()
-            raise HttpError(400, f"request body is not {what} ({reason})") from None
-        return bytes(body)
-
-    def _checked_generate(self, body: bytes, identity: str) -> bytes:
-        """The checked body, re-serialised, with the caller's identity as `avspec-client`."""
-        try:
-            request = check_generate_body(body, self.config.generate_schema)
-        except ValueError as err:
-            raise HttpError(400, str(err)) from None
-        request[CLIENT_HEADER] = identity
-        return json.dumps(request, allow_nan=False, separators=(",", ":")).encode()
 
     async def _serve_ready(self, identity: str) -> web.StreamResponse:
         """200 only if the stages (config.ready) and Triton are ready; 503 otherwise."""
@@ -459,21 +408,3 @@ def check_cross_site(request: web.BaseRequest, found: Route) -> None:
 
 
 JSON_KINDS = frozenset({"openai_completions", "openai_chat"})
-
-
-def check_infer(request: web.BaseRequest, body: bytes) -> None:
-    """Refuse request parameters named `avspec-*`; Triton's own checks do the rest."""
-    header_length = request.headers.getall("Inference-Header-Content-Length", [])
-    json_part = body
-    if header_length:
-        if len(header_length) != 1 or not header_length[0].isdigit():
-            raise HttpError(400, "invalid Inference-Header-Content-Length")
-        json_part = body[: int(header_length[0])]
-    try:
-        document = parse_json(json_part)
-    except (ValueError, RecursionError) as err:
-        raise HttpError(400, f"inference request header is not valid JSON: {err}") from None
-    parameters = document.get("parameters") if isinstance(document, dict) else None
-    name = reserved_parameter(parameters) if isinstance(parameters, dict) else None
-    if name is not None:
-        raise HttpError(400, f"request parameter {name!r} is reserved for the front")

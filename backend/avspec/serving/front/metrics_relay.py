@@ -9,6 +9,8 @@ path is 404, any other method 405 (aiohttp parses the HTTP; the project keeps on
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 from aiohttp import web
 
@@ -43,7 +45,7 @@ class MetricsRelay:
         )
         await site.start()
         server = site._server  # aiohttp keeps the asyncio server; its socket has the port
-        self.port = server.sockets[0].getsockname()[1] if server is not None else 0  # type: ignore[attr-defined]
+        self.port = server.sockets[0].getsockname()[1] if isinstance(server, asyncio.Server) else 0
 
     async def close(self) -> None:
         if self._runner is not None:

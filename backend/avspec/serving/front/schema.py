@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from avspec.serving import pbtxt
+from avspec.serving.entry_interface import ENTRY_INPUTS
 
 _INT_RANGES: dict[str, tuple[int, int]] = {
     "TYPE_INT8": (-(2**7), 2**7 - 1),
@@ -50,20 +51,17 @@ class InputSpec:
 
 GenerateSchema = Mapping[str, InputSpec]
 
-# The inputs of model_repository/speculative/config.pbtxt (a unit test keeps the two in step).
+
+def input_spec(data_type: int, dims: Sequence[int], optional: bool) -> InputSpec:
+    """The generate field of a model input: its Triton data type (`mc.TYPE_*`), required unless
+    optional, an array when its dims are [ -1 ]."""
+    return InputSpec(pbtxt.type_name(data_type), not optional, list(dims) == [-1])
+
+
+# The entry model's inputs, declared once (avspec.serving.entry_interface; its config.pbtxt is
+# rendered from the same declaration).
 DEFAULT_GENERATE_SCHEMA: GenerateSchema = MappingProxyType(
-    {
-        "text_input": InputSpec("TYPE_STRING"),
-        "max_tokens": InputSpec("TYPE_INT32"),
-        "temperature": InputSpec("TYPE_FP32", required=False),
-        "top_p": InputSpec("TYPE_FP32", required=False),
-        "random_seed": InputSpec("TYPE_UINT64", required=False),
-        "stream": InputSpec("TYPE_BOOL", required=False),
-        "num_draft_tokens": InputSpec("TYPE_INT32", required=False),
-        "adaptive_verification": InputSpec("TYPE_BOOL", required=False),
-        "adaptive_drafting": InputSpec("TYPE_BOOL", required=False),
-        "plain_spans": InputSpec("TYPE_INT32", required=False, array=True),
-    }
+    {t.name: input_spec(t.data_type, t.dims, t.optional) for t in ENTRY_INPUTS}
 )
 
 
@@ -73,11 +71,9 @@ def generate_schema_from_config(config_pbtxt_text: str) -> dict[str, InputSpec]:
     config = pbtxt.parse(config_pbtxt_text)
     if not config.input:
         raise ValueError("config.pbtxt has no `input [ ... ]` block")
-    schema = {}
-    for spec in config.input:
-        array = list(spec.dims) == [-1]
-        schema[spec.name] = InputSpec(pbtxt.type_name(spec.data_type), not spec.optional, array)
-    return schema
+    return {
+        spec.name: input_spec(spec.data_type, spec.dims, spec.optional) for spec in config.input
+    }
 
 
 class _NonFinite:

@@ -352,21 +352,21 @@ def step_stats(
     prev_num_accepted: [prev_batch] int32, on the estimator's device. One read per step, not
     one per value: on a GPU each read is a host sync.
     """
-    accepted = accepted_counts(prev_num_accepted)[0].long().sum()
+    accepted_sum = accepted_counts(prev_num_accepted)[0].long().sum()
     scalars = torch.stack(
         [
-            decision.drafted, decision.verified, decision.budget, accepted,
+            decision.drafted, decision.verified, decision.budget, accepted_sum,
             decision.stopped_early, decision.draft_passes, decision.draft_ms_saved,
         ]
     ).double()  # fmt: skip
     per_row = num_drafted.double() if num_drafted is not None else scalars.new_zeros(0)
     values = torch.cat([scalars, per_row.to(scalars.device)]).tolist()
-    drafted, verified, budget, accepted, stopped, passes = (int(v) for v in values[:6])  # type: ignore[assignment]
+    drafted, verified, budget, accepted, stopped, passes = (int(v) for v in values[:6])
     return VerifierStepStats(
         batch_size=batch_size,
         drafted=drafted,
         verified=verified,
-        accepted=accepted,  # type: ignore[arg-type]
+        accepted=accepted,
         trimmed=drafted - verified,
         budget_fraction=budget / drafted if drafted else None,
         refitted=refitted,

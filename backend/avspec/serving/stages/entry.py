@@ -40,6 +40,7 @@ import numpy as np
 from avspec.config import from_parameters
 from avspec.engine.admission import AdmissionQueue
 from avspec.engine.scheduler import Scheduler, StepFn
+from avspec.engine.scheduler_limits import SchedulerLimits
 from avspec.engine.sequence import StepReport
 from avspec.runtime.tokenizer import Tokenizer
 from avspec.serving.repository import EntryParams, read_config_parameters
@@ -138,13 +139,15 @@ def entry_scheduler(
         raise ValueError(
             f"max_batch_size {params.max_batch_size} exceeds the stages' max_sequences {resident}"
         )
+    bounds = SchedulerLimits(
+        max_queued=params.max_queued, max_queued_per_client=params.max_queued_per_client,
+        max_resident=resident, request_timeout_s=timeout, kv_pool_tokens=limits.kv_pool_tokens,
+        prefill_chunk=params.prefill_chunk, refit_max_temperature=params.refit_max_temperature,
+        refit_client_share=params.refit_client_share,
+    )  # fmt: skip
     return Scheduler(
         step_fn, eos_ids, params.max_batch_size, params.max_context, params.max_draft_tokens,
-        max_queued=params.max_queued, max_queued_per_client=params.max_queued_per_client,
-        refit_max_temperature=params.refit_max_temperature,
-        refit_client_share=params.refit_client_share,
-        max_resident=resident, request_timeout_s=timeout, kv_pool_tokens=limits.kv_pool_tokens,
-        prefill_chunk=params.prefill_chunk, **kw,
+        limits=bounds, **kw,
     )  # fmt: skip
 
 

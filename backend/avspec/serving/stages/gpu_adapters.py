@@ -19,6 +19,7 @@ import torch
 from avspec.serving.repository import TrtllmTargetParams
 from avspec.trtllm.request import (
     ContextLedger,
+    RowSampling,
     TargetRequest,
     build_requests,
     gather_outputs,
@@ -60,9 +61,9 @@ class TrtllmTargetAdapter:
             draft_tokens,
             tensors["draft_probs"],
             tensors["num_verify"].cpu(),
-            tensors["temperature"].cpu(),
-            tensors["top_p"].cpu(),
-            tensors["random_seed"].cpu(),
+            RowSampling(
+                tensors["temperature"].cpu(), tensors["top_p"].cpu(), tensors["random_seed"].cpu()
+            ),
             self.params.vocab_size,
             self.params.use_draft_logits,
         )

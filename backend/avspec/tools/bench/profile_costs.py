@@ -39,6 +39,7 @@ from avspec.runtime.transformer import Transformer, TransformerConfig, init_weig
 from avspec.tools.bench.profiler import (
     WORKLOAD_FILES,
     CostPoints,
+    LadderSettings,
     fit_tokens_and_rows,
     profile_draft_pass,
     profile_verify_cost,
@@ -275,8 +276,7 @@ def main(
     target, draft, what = load_pair(args)
     k = args.max_draft_tokens
     text = None if args.random_pair or args.text == "random" else workload_text(args.target_dir)
-    common = {"context_length": args.context, "repeats": args.repeats, "warmup": args.warmup,
-              "text": text}  # fmt: skip
+    ladder = LadderSettings(args.context, args.repeats, args.warmup, text)
     total = len(set(args.draft_rows)) + len(set(args.verify_batch_sizes)) * (k + 1)
     begin = time.perf_counter()
     vocab = None
@@ -284,11 +284,11 @@ def main(
         vocab = resolve_draft_vocab(args.draft_dir, args.draft_vocab, draft.vocab_size)
     with tqdm(total=total, desc="profiling", unit="point") as bar:
         draft_pass = profile_draft_pass(
-            draft, args.draft_rows, passes=k, on_point=lambda *_: bar.update(),
-            top_k=args.draft_top_k, draft_vocab=vocab, **common,
+            draft, args.draft_rows, k, ladder, on_point=lambda *_: bar.update(),
+            top_k=args.draft_top_k, draft_vocab=vocab,
         )  # fmt: skip
         verify = profile_verify_cost(
-            target, k, args.verify_batch_sizes, on_point=lambda *_: bar.update(), **common
+            target, k, args.verify_batch_sizes, ladder, on_point=lambda *_: bar.update()
         )
     seconds = time.perf_counter() - begin
     fit = fit_tokens_and_rows(verify.extra["shapes"])

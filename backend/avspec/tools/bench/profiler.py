@@ -48,6 +48,21 @@ from avspec.runtime.transformer import Transformer
 OnPoint = Callable[[int, float], None]
 
 
+@dataclass(frozen=True)
+class LadderSettings:
+    """How every point of a ladder is measured (see the module doc): `context_length` prompt
+    tokens a sequence, cut from `text` (None: random ids below 256), `warmup` untimed rounds,
+    then `repeats` timed ones."""
+
+    context_length: int = 64
+    repeats: int = 10
+    warmup: int = 3
+    text: torch.Tensor | None = None
+
+
+DEFAULT_LADDER = LadderSettings()
+
+
 @dataclass
 class CostPoints:
     """Measured points: per size the median ms, the samples behind it, and the raw samples."""
@@ -88,19 +103,17 @@ def profile_verify_cost(
     model: Transformer,
     max_draft_tokens: int,
     batch_sizes: Sequence[int],
-    context_length: int = 64,
-    repeats: int = 10,
-    warmup: int = 3,
+    settings: LadderSettings = DEFAULT_LADDER,
     on_point: OnPoint | None = None,
-    text: torch.Tensor | None = None,
 ) -> CostPoints:
-    """Target-stage ms at sizes batch * (1 + n) for each batch and n = 0..K (`text`: see the
-    module doc).
+    """Target-stage ms at sizes batch * (1 + n) for each batch and n = 0..K (`settings`: the
+    context, its text and the rounds, see the module doc).
 
     A size reached by several (batch, n) pairs pools their samples (median of all, weight = all
     of them); extra["shapes"] lists each pair's median. on_point(size, median ms) per pair.
     """
-    _check_ladder(batch_sizes, context_length, repeats, warmup)
+    _check_ladder(batch_sizes, settings)
+    context_length, text = settings.context_length, settings.text
     batches = sorted(set(batch_sizes))
     stage = TargetStage(model, _cache(model, sum(batches), context_length, max_draft_tokens),
                         max_draft_tokens, check_values=False)  # fmt: skip
@@ -129,7 +142,7 @@ def profile_verify_cost(
         if on_point is not None:
             on_point(shapes[index]["size"], shapes[index]["median_ms"])
 
-    timed = interleaved_ms(calls, repeats, warmup, device, on_done=done)
+    timed = interleaved_ms(calls, settings.repeats, settings.warmup, device, on_done=done)
     samples = [times for (times,) in timed]
     return verify_points(shapes, samples, per_row_ms=0.0)
 
@@ -167,23 +180,21 @@ def profile_draft_pass(
     model: Transformer,
     rows: Sequence[int],
     passes: int = 8,
-    context_length: int = 64,
-    repeats: int = 10,
-    warmup: int = 3,
+    settings: LadderSettings = DEFAULT_LADDER,
     on_point: OnPoint | None = None,
     top_k: int = 0,
-    text: torch.Tensor | None = None,
     draft_vocab: DraftVocab | None = None,
 ) -> CostPoints:
     """ms of one draft pass by the rows in it (the draft stage's `top_k` and `draft_vocab`;
-    `text`: the contexts, see the module doc).
+    `settings`: the context, its text and the rounds, see the module doc).
 
     Per rows count, `repeats` pairs (one-pass call, `passes`-pass call) give `repeats` samples
     (t_passes - t_1) / (passes - 1). extra: "one_pass_ms" and "all_passes_ms" (the medians of
     the two calls, by rows), "stage_fixed_ms" (median t_1 - pass), "passes". on_point(rows,
     median pass ms) per rows count.
     """
-    _check_ladder(rows, context_length, repeats, warmup)
+    _check_ladder(rows, settings)
+    context_length, text = settings.context_length, settings.text
     if passes < 2:
         raise ValueError(f"passes must be >= 2 (a pass is timed as a difference), got {passes}")
     ladder = sorted(set(rows))
@@ -205,7 +216,7 @@ def profile_draft_pass(
         if on_point is not None:
             on_point(ladder[index], statistics.median(pass_samples(pair)))
 
-    timed = interleaved_ms(calls, repeats, warmup, stage.device, on_done=done)
+    timed = interleaved_ms(calls, settings.repeats, settings.warmup, stage.device, on_done=done)
     measured = {batch: pass_samples(pair) for batch, pair in zip(ladder, timed, strict=True)}
     one_pass = [statistics.median(pair[0]) for pair in timed]
     all_passes = [statistics.median(pair[1]) for pair in timed]
@@ -282,9 +293,8 @@ def fit_tokens_and_rows(shapes: Sequence[dict]) -> dict[str, float]:
     return out
 
 
-def _check_ladder(
-    batch_sizes: Sequence[int], context_length: int, repeats: int, warmup: int
-) -> None:
+def _check_ladder(batch_sizes: Sequence[int], settings: LadderSettings) -> None:
+    context_length, repeats, warmup = settings.context_length, settings.repeats, settings.warmup
     if not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"batch_sizes must be a non-empty list of sizes >= 1, got {batch_sizes}")
     if context_length < 1 or repeats < 1 or warmup < 0:

@@ -26,7 +26,7 @@ import torch
 
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
-from avspec.engine.step import SpeculativeStep
+from avspec.engine.step import SpeculativeStep, StepCapacity
 from avspec.runtime.llamacpp.model import EngineSettings, GGUFModel
 
 K, MAX_NEW, ROWS, CONTEXT = 4, 32, 8, 256
@@ -72,7 +72,7 @@ def engine_greedy(path, prompts: list[list[int]], eos: set[int]) -> list[list[in
         max_sequences=ROWS, pool_tokens=ROWS * CONTEXT, max_outputs=ROWS * (K + 1), threads=2
     )
     target, draft = GGUFModel(path, settings), GGUFModel(path, settings)
-    step = SpeculativeStep.from_models(target, draft, K, ROWS, CONTEXT)
+    step = SpeculativeStep.from_models(target, draft, StepCapacity(K, ROWS, CONTEXT))
     scheduler = Scheduler(step, frozenset(eos), ROWS, CONTEXT, K)
     answers: list[list[int]] = [[] for _ in prompts]
     errors: list[Exception] = []

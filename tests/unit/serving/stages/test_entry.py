@@ -15,6 +15,7 @@ from helpers import ROOT
 from avspec.contract import StepInputs, StepOutputs
 from avspec.engine.admission import Overloaded
 from avspec.engine.scheduler import Scheduler
+from avspec.engine.scheduler_limits import SchedulerLimits
 from avspec.engine.sequence import StepReport
 from avspec.runtime.hf_tokenizer import HFTokenizer
 from avspec.runtime.tokenizer import ByteTokenizer
@@ -170,7 +171,9 @@ def test_a_clients_backlog_waits_behind_its_own_tokenization(gated) -> None:
 
 
 def test_refusals_after_tokenizing_reach_the_sink() -> None:
-    scheduler = Scheduler(never_called, 256, 1, 64, 8, max_queued=1, max_queued_per_client=1)
+    scheduler = Scheduler(
+        never_called, 256, 1, 64, 8, limits=SchedulerLimits(max_queued=1, max_queued_per_client=1)
+    )
     intake = EntryIntake(scheduler, ByteTokenizer(), EntryParams(max_context=64))
     intake.start()
     try:

@@ -18,6 +18,7 @@ from helpers.stages import tiny_model
 from avspec.av.cost_file import FORMAT, load_step_cost
 from avspec.tools.bench.profiler import (
     CostPoints,
+    LadderSettings,
     fit_tokens_and_rows,
     interleaved_ms,
     median_ms,
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def test_verify_cost_points_cover_the_token_ladder() -> None:
     seen: list[tuple[int, float]] = []
     points = profile_verify_cost(
-        tiny_model(0, layers=1), 3, [1, 2], context_length=8, repeats=2, warmup=0,
+        tiny_model(0, layers=1), 3, [1, 2], LadderSettings(context_length=8, repeats=2, warmup=0),
         on_point=lambda size, ms: seen.append((size, ms)),
     )  # fmt: skip
     # batch 1 verifies 0..3 -> 1..4 tokens; batch 2 -> 2, 4, 6, 8 (2 and 4 measured twice).
@@ -54,7 +55,8 @@ def test_verify_cost_points_cover_the_token_ladder() -> None:
 def test_draft_pass_points_per_row_count() -> None:
     seen: list[tuple[int, float]] = []
     points = profile_draft_pass(
-        tiny_model(1, layers=1), [4, 1, 4], passes=3, context_length=4, repeats=3, warmup=1,
+        tiny_model(1, layers=1), [4, 1, 4], passes=3,
+        settings=LadderSettings(context_length=4, repeats=3, warmup=1),
         on_point=lambda rows, ms: seen.append((rows, ms)),
     )  # fmt: skip
     assert points.sizes == [1, 4] and [r for r, _ in seen] == [1, 4]
@@ -103,7 +105,8 @@ def test_workload_text_is_the_prompts_in_the_targets_tokenizer(tmp_path) -> None
 
 def test_draft_pass_needs_two_passes() -> None:
     with pytest.raises(ValueError, match="passes must be >= 2"):
-        profile_draft_pass(tiny_model(1, layers=1), [1], passes=1, context_length=4, repeats=1)
+        settings = LadderSettings(context_length=4, repeats=1)
+        profile_draft_pass(tiny_model(1, layers=1), [1], passes=1, settings=settings)
 
 
 @pytest.mark.parametrize(
@@ -118,11 +121,12 @@ def test_draft_pass_needs_two_passes() -> None:
 )
 def test_bad_ladders(kwargs: dict, match: str) -> None:
     args = {"batch_sizes": [1], "context_length": 4, "repeats": 1, "warmup": 0} | kwargs
-    with pytest.raises(ValueError, match=match):
-        profile_verify_cost(tiny_model(3, layers=1), 2, **args)
     rows = args.pop("batch_sizes")
+    settings = LadderSettings(**args)
     with pytest.raises(ValueError, match=match):
-        profile_draft_pass(tiny_model(3, layers=1), rows, passes=2, **args)
+        profile_verify_cost(tiny_model(3, layers=1), 2, rows, settings)
+    with pytest.raises(ValueError, match=match):
+        profile_draft_pass(tiny_model(3, layers=1), rows, passes=2, settings=settings)
 
 
 def test_sampling_helpers() -> None:

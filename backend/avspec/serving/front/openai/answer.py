@@ -141,7 +141,7 @@ class Answer:
             async for step in steps:
                 await self._send_step(step)
         finally:
-            await steps.aclose()  # type: ignore[attr-defined]
+            await steps.aclose()
         await self._chunk([self.shape.chunk_choice(Delta(), self.generation.finish_reason)])
         if self.generation.sampling.include_usage:
             speculative = _speculative(self.generation.figures)

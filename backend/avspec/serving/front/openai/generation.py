@@ -13,7 +13,7 @@ engine's iterator is closed: the engine cancels the request.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -71,7 +71,7 @@ class Generation:
             "total_tokens": prompt + completion,
         }
 
-    async def steps(self, identity: str) -> AsyncIterator[Step]:
+    async def steps(self, identity: str) -> AsyncGenerator[Step, None]:
         """The text step by step (empty steps skipped); OpenAIError for the engine's errors."""
         decoder = self._tokenizer.incremental_decoder()
         text = StopText(self.sampling.stop)
