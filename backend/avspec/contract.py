@@ -58,8 +58,9 @@ def tensor(dtype: torch.dtype, *shape: str, empty_default: bool = False) -> Any:
     if dtype not in NUMPY_DTYPES:
         raise ValueError(f"no step tensor has dtype {dtype}")
     metadata = {_TENSOR: (dtype, shape)}
-    if empty_default:
-        return field(default_factory=lambda: torch.zeros(0, dtype=dtype), metadata=metadata)
+    if empty_default:  # empty, of the declared rank
+        empty = (0,) * len(shape)
+        return field(default_factory=lambda: torch.zeros(empty, dtype=dtype), metadata=metadata)
     return field(metadata=metadata)
 
 
@@ -97,6 +98,13 @@ class StepInputs:
     draft_plan: torch.Tensor = tensor(torch.float32, "plan", empty_default=True)
     # [K + 2] float32, the previous step's draft ms per pass, target ms, step wall ms; or empty
     prev_timing_ms: torch.Tensor = tensor(torch.float32, "timing", empty_default=True)
+    # The previous step's StepOutputs.target_features, feature_counts and feature_starts (a draft
+    # head's input, avspec.engine.head_stage); empty: none (a draft model ignores them)
+    prev_target_features: torch.Tensor = tensor(
+        torch.float32, "prev_features", "width", empty_default=True
+    )
+    prev_feature_counts: torch.Tensor = tensor(torch.int32, "prev_batch", empty_default=True)
+    prev_feature_starts: torch.Tensor = tensor(torch.int32, "prev_batch", empty_default=True)
 
     @property
     def batch_size(self) -> int:
@@ -144,6 +152,13 @@ class StepOutputs:
     # [batch] int32, drafts the draft stage produced (<= num_draft_tokens); empty: not reported
     num_drafted: torch.Tensor = tensor(torch.int32, "batch", empty_default=True)
     target_ms: torch.Tensor = tensor(torch.float32, "1", empty_default=True)  # [1] ms
+    # [features, width] float32: the target's last hidden state after its final norm at every
+    # position it ran this step and kept (pending inputs, then accepted drafts), row after row;
+    # only from a target that emits them (a draft head reads them next step), else empty
+    target_features: torch.Tensor = tensor(torch.float32, "features", "width", empty_default=True)
+    feature_counts: torch.Tensor = tensor(torch.int32, "batch", empty_default=True)  # per row
+    # [batch] int32, the sequence position of each row's first feature
+    feature_starts: torch.Tensor = tensor(torch.int32, "batch", empty_default=True)
 
     def as_dict(self) -> dict[str, torch.Tensor]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -234,6 +249,10 @@ def _check_shapes(inputs: StepInputs, drafting: torch.Tensor) -> None:
     check_shape("adaptive_drafting", drafting, (batch,))
     check_shape("draft_plan", inputs.draft_plan, (None,))
     check_shape("prev_timing_ms", inputs.prev_timing_ms, (None,))
+    check_shape("prev_target_features", inputs.prev_target_features, (None, None))
+    check_shape("prev_feature_counts", inputs.prev_feature_counts, (None,))
+    count = inputs.prev_feature_counts.shape[0]
+    check_shape("prev_feature_starts", inputs.prev_feature_starts, (count,))
 
 
 def _check_values(inputs: StepInputs, step: HostStep, max_draft_tokens: int) -> None:
@@ -257,6 +276,14 @@ def _check_values(inputs: StepInputs, step: HostStep, max_draft_tokens: int) -> 
         raise ValueError("temperature must be >= 0")
     if bool(((inputs.top_p <= 0) | (inputs.top_p > 1) | torch.isnan(inputs.top_p)).any()):
         raise ValueError("top_p must lie in (0, 1]")
+    counts, features = inputs.prev_feature_counts, inputs.prev_target_features
+    if counts.numel() and (bool((counts < 0).any()) or int(counts.sum()) != features.shape[0]):
+        raise ValueError(
+            f"prev_feature_counts must be >= 0 and add up to prev_target_features' "
+            f"{features.shape[0]} rows, got {counts.tolist()}"
+        )
+    if bool((inputs.prev_feature_starts < 0).any()):
+        raise ValueError("prev_feature_starts must be >= 0")
 
 
 def base_tokens(

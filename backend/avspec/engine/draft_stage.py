@@ -45,7 +45,7 @@ import torch
 
 from avspec.av.drafting import DraftPlan, draft_limits, keeps_drafting, stop_confidence
 from avspec.av.features import logit_qmax
-from avspec.contract import StepInputs, read_step_inputs
+from avspec.contract import HostStep, StepInputs, read_step_inputs
 from avspec.engine.draft_vocab import DraftVocab, KeptColumns, ReducedHead, check_token_ids
 from avspec.engine.sampling import draft_warp, sample
 from avspec.engine.stage import DRAFT_SALT, ModelStage
@@ -97,11 +97,12 @@ class DraftStage(ModelStage):
         """Release, apply the cache rule, run pending inputs, and draft; see the module doc."""
         step = read_step_inputs(inputs, self.max_draft_tokens)
         plan = DraftPlan.from_tensor(inputs.draft_plan, self.max_draft_tokens)
-        offsets = self.slots.prepare(step)
         batch, k, vocab = inputs.batch_size, self.max_draft_tokens, self.vocab_width
         limits, stops = draft_limits(
             step.num_draft_tokens, step.adaptive, step.adaptive_drafting, plan
         )
+        started = time.perf_counter()
+        hidden = self._pending(step, inputs, limits)  # may lower limits (a head: no features)
         width = max(1, *limits) if self.compact and batch else k  # P, see DraftOutput
         out = DraftOutput(
             torch.zeros(batch, k, dtype=torch.int32, device=self.device),
@@ -110,21 +111,11 @@ class DraftStage(ModelStage):
             torch.zeros(batch, dtype=torch.int32, device=self.device),
             torch.zeros(k, dtype=torch.float32),
         )
-        if batch == 0:
+        if hidden is None:  # an empty batch
             return out
-        started = time.perf_counter()
         temperature = inputs.temperature.to(self.device, torch.float32)
         top_p = inputs.top_p.to(self.device, torch.float32)
         generators = self.slots.generators(step.seq_ids)
-
-        lengths = [n - o for n, o in zip(step.input_lengths, offsets, strict=True)]
-        packed = torch.cat(
-            [inputs.input_ids[r, offsets[r] : step.input_lengths[r]] for r in range(batch)]
-        ).to(self.device, torch.int64)  # [tokens]
-        last = torch.tensor(lengths, device=self.device).cumsum(0) - 1  # [batch]
-        # [batch, width], the last block's output at each row's last pending token: the output
-        # layer runs on the rows that draft x_0 only (none when no row drafts)
-        hidden = self.forward_cached(step.seq_ids, packed, lengths, at=last)
         alive = _Alive(stops, plan, self.device, compact=self.compact)
         rows = list(range(batch))
         for position in range(k):
@@ -138,8 +129,7 @@ class DraftStage(ModelStage):
                 logits = self._logits(hidden[index])
             else:
                 previous = out.draft_tokens[index, position - 1].long()  # [rows]
-                seq_ids = [step.seq_ids[r] for r in rows]
-                logits = self._forward(seq_ids, previous, [1] * len(rows))
+                logits = self._next_logits([step.seq_ids[r] for r in rows], index, previous)
             draw = _Draw(index, temperature[index], top_p[index], [generators[r] for r in rows])
             features = self._draft_position(position, draw, logits, out, alive.mask(index))
             alive.update(rows, index, position, features)
@@ -147,6 +137,30 @@ class DraftStage(ModelStage):
             out.pass_ms[position] = (now - started) * 1e3
             started = now
         return out
+
+    def _pending(
+        self, step: HostStep, inputs: StepInputs, limits: list[int]
+    ) -> torch.Tensor | None:
+        """Apply the cache rule and run every row's pending inputs: the last block's output
+        [batch, width] at each row's last pending token (where draft 0's logits come from; the
+        output layer runs on the rows that draft only), None for an empty batch. A subclass
+        may lower `limits` (in place) for rows it cannot draft."""
+        offsets = self.slots.prepare(step)
+        if not step.seq_ids:
+            return None
+        lengths = [n - o for n, o in zip(step.input_lengths, offsets, strict=True)]
+        packed = torch.cat(
+            [inputs.input_ids[r, offsets[r] : n] for r, n in enumerate(step.input_lengths)]
+        ).to(self.device, torch.int64)  # [tokens]
+        last = torch.tensor(lengths, device=self.device).cumsum(0) - 1  # [batch]
+        return self.forward_cached(step.seq_ids, packed, lengths, at=last)
+
+    def _next_logits(
+        self, seq_ids: list[int], index: torch.Tensor, previous: torch.Tensor
+    ) -> torch.Tensor:
+        """Feed each drafting row's previous draft `previous` [rows] (rows `index` of the
+        batch); the logits of its next draft."""
+        return self._forward(seq_ids, previous, [1] * len(seq_ids))
 
     def _forward(
         self,

@@ -176,6 +176,14 @@ class Carry:
     draft_plan: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
     # [K + 2] float32: draft ms per pass, target ms, the step's wall ms
     prev_timing_ms: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    # the target's features of the step, for a draft head (StepOutputs.target_features, ...)
+    prev_target_features: torch.Tensor = field(default_factory=lambda: torch.zeros(0, 0))
+    prev_feature_counts: torch.Tensor = field(
+        default_factory=lambda: torch.zeros(0, dtype=torch.int32)
+    )
+    prev_feature_starts: torch.Tensor = field(
+        default_factory=lambda: torch.zeros(0, dtype=torch.int32)
+    )
 
     @classmethod
     def after(cls, outputs: StepOutputs, accepted: torch.Tensor, wall_ms: float) -> Carry:
@@ -185,7 +193,13 @@ class Carry:
         timing = torch.zeros(0)
         if draft_ms.numel() and target_ms.numel() == 1:
             timing = torch.cat([draft_ms, target_ms, torch.tensor([wall_ms])])
-        return cls(accepted, outputs.next_draft_plan.detach().cpu().float().reshape(-1), timing)
+        plan = outputs.next_draft_plan.detach().cpu().float().reshape(-1)
+        carry = cls(accepted, plan, timing)
+        if outputs.feature_counts.numel():
+            carry.prev_target_features = outputs.target_features.detach().cpu().float()
+            carry.prev_feature_counts = outputs.feature_counts.detach().cpu().to(torch.int32)
+            carry.prev_feature_starts = outputs.feature_starts.detach().cpu().to(torch.int32)
+        return carry
 
 
 def build_inputs(batch: list[SequenceState], releases: list[int], prev: Carry) -> StepInputs:
@@ -217,6 +231,9 @@ def build_inputs(batch: list[SequenceState], releases: list[int], prev: Carry) -
         release_seq_ids=column(releases, torch.int64),
         draft_plan=prev.draft_plan,
         prev_timing_ms=prev.prev_timing_ms,
+        prev_target_features=prev.prev_target_features,
+        prev_feature_counts=prev.prev_feature_counts,
+        prev_feature_starts=prev.prev_feature_starts,
     )
 
 

@@ -90,12 +90,30 @@ class SequenceSlots:
         Raises ValueError for a continuing sequence (start > 0) this stage does not hold, e.g.
         one released or freed by the idle sweep.
         """
+        self.admit(step)
+        offsets = []
+        for seq_id, start, reusable in zip(
+            step.seq_ids, step.start_positions, step.reusable, strict=True
+        ):
+            keep = min(self.cache.length(seq_id), start + reusable)
+            if keep < start:
+                raise ValueError(
+                    f"sequence {seq_id}: cache holds {keep} positions, fewer than start {start}"
+                )
+            self.cache.rollback(seq_id, keep)
+            offsets.append(keep - start)
+        return offsets
+
+    def admit(self, step: HostStep) -> None:
+        """Release `step.release_seq_ids`, sweep idle sequences, and give each new sequence
+        (start 0) its generator and a cache slot; the cache rule is `prepare`'s (a draft head,
+        whose cache holds other positions, applies its own). Raises ValueError for a continuing
+        sequence (start > 0) this stage does not hold, e.g. one released or freed by the sweep."""
         self.release(step.release_seq_ids)
         self.sweep_idle(keep=set(step.seq_ids))
         now = self.clock()
-        offsets = []
-        for seq_id, start, reusable, seed in zip(
-            step.seq_ids, step.start_positions, step.reusable, step.random_seed, strict=True
+        for seq_id, start, seed in zip(
+            step.seq_ids, step.start_positions, step.random_seed, strict=True
         ):
             if start == 0:
                 self._seed(seq_id, seed)
@@ -106,15 +124,7 @@ class SequenceSlots:
                     f"sequence {seq_id} continues at position {start} but holds no cache here "
                     "(released, timed out or never started)"
                 )
-            keep = min(self.cache.length(seq_id), start + reusable)
-            if keep < start:
-                raise ValueError(
-                    f"sequence {seq_id}: cache holds {keep} positions, fewer than start {start}"
-                )
-            self.cache.rollback(seq_id, keep)
             self._last_seen[seq_id] = now
-            offsets.append(keep - start)
-        return offsets
 
     def generators(self, seq_ids: Sequence[int]) -> list[torch.Generator]:
         """The generators of `seq_ids`, in order (each sequence must have been prepared)."""

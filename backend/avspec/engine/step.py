@@ -18,7 +18,9 @@ from avspec.av.verifier import AdaptiveVerifier, VerifyDecision
 from avspec.config import EstimatorConfig
 from avspec.contract import StepInputs, StepOutputs, VerifierInputs, base_tokens
 from avspec.engine.draft_stage import DraftOutput, DraftStage
+from avspec.engine.head_stage import HeadDraftStage
 from avspec.engine.target_stage import TargetStage
+from avspec.runtime.head import DraftHead
 from avspec.runtime.model_dir import load_model
 from avspec.runtime.transformer import Transformer
 
@@ -121,7 +123,7 @@ class SpeculativeStep:
     def from_models(
         cls,
         target_model: Transformer,
-        draft_model: Transformer,
+        draft_model: Transformer | DraftHead,
         capacity: StepCapacity,
         device: torch.device | str = "cpu",
         cost: StepCost | None = None,
@@ -133,7 +135,8 @@ class SpeculativeStep:
 
         `vocab_limit`: the tokenizer's size when the models have padded embedding rows
         (`PairInfo.num_tokens`); logits past it are masked to -inf in both stages.
-        `draft_top_k`: the draft stage's `top_k` (0: the target's warp).
+        `draft_top_k`: the draft stage's `top_k` (0: the target's warp). A `DraftHead` as the
+        drafter drafts from the target's features (`HeadDraftStage`; the target emits them).
         """
         max_draft_tokens = capacity.max_draft_tokens
         max_sequences, max_length = capacity.max_sequences, capacity.max_length
@@ -141,19 +144,25 @@ class SpeculativeStep:
         if cost is None:
             cost = StepCost.linear(1.0, 0.01, 10.0, 0.1, max_sequences, tokens)
         estimator = AcceptanceEstimator(EstimatorConfig(num_positions=max_draft_tokens), device)
+        draft: DraftStage
+        if isinstance(draft_model, DraftHead):
+            cache = draft_model.layers.new_cache(max_sequences, max_length, device)
+            draft = HeadDraftStage(
+                draft_model, cache, max_draft_tokens, vocab_limit=vocab_limit, top_k=draft_top_k
+            )
+        else:
+            cache = draft_model.new_cache(max_sequences, max_length, device)
+            draft = DraftStage(
+                draft_model, cache, max_draft_tokens, vocab_limit=vocab_limit, top_k=draft_top_k
+            )
         return cls(
-            DraftStage(
-                draft_model,
-                draft_model.new_cache(max_sequences, max_length, device),
-                max_draft_tokens,
-                vocab_limit=vocab_limit,
-                top_k=draft_top_k,
-            ),
+            draft,
             AdaptiveVerifier(estimator, cost),
             TargetStage(
                 target_model,
                 target_model.new_cache(max_sequences, max_length, device),
                 max_draft_tokens,
                 vocab_limit=vocab_limit,
+                emit_features=isinstance(draft_model, DraftHead),
             ),
         )

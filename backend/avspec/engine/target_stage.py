@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, cast
 
 import torch
 
@@ -33,6 +34,7 @@ from avspec.contract import HostStep, StepInputs, StepOutputs, read_step_inputs
 from avspec.engine.rejection import RequestStreams, rejection_sample
 from avspec.engine.sampling import warp_probs
 from avspec.engine.stage import TARGET_SALT, ModelStage, StageModel
+from avspec.runtime.transformer import Transformer
 
 
 @dataclass
@@ -49,9 +51,23 @@ class VerifyBatch:
 
 
 class TargetStage(ModelStage):
-    """Target model stage; owns the target KV cache and the target generators."""
+    """Target model stage; owns the target KV cache and the target generators.
+
+    With `emit_features` it also returns its features for a draft head (`StepOutputs.
+    target_features`): the last block's output after the final norm at every token it ran and
+    kept (each row's pending inputs, then its accepted drafts), so the forward keeps the output
+    at every token, not only where rejection reads.
+    """
 
     SALT = TARGET_SALT
+
+    def __init__(self, *args: Any, emit_features: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if emit_features and not isinstance(self.model, Transformer):
+            raise ValueError(
+                "emit_features (a draft head's input) needs the target on the torch runtime"
+            )
+        self.emit_features = emit_features
 
     @torch.inference_mode()
     def __call__(
@@ -89,9 +105,9 @@ class TargetStage(ModelStage):
         )
         # the last block's output at the positions rejection may read; the output layer and the
         # warp run on the positions it does read (`_probs_at`)
-        hidden = self.forward_cached(
-            step.seq_ids, packed.tokens, packed.lengths, at=packed.positions
-        )
+        every = None if self.emit_features else packed.positions
+        ran = self.forward_cached(step.seq_ids, packed.tokens, packed.lengths, at=every)
+        hidden = ran if every is not None else ran[packed.positions]
         logits = OutputLayer(self.model, hidden, packed, num_verify, self.mask_vocab)
         probs_at = partial(
             self._probs_at,
@@ -102,9 +118,29 @@ class TargetStage(ModelStage):
         output_ids, num_accepted = self._reject(
             step, draft_tokens, draft_probs, probs_at, packed, num_verify
         )
-        self._roll_back(step, num_accepted)  # reads num_accepted: the step's work is done
-        target_ms = torch.tensor([(time.perf_counter() - started) * 1e3], dtype=torch.float32)
-        return StepOutputs(output_ids, num_accepted, num_verify, target_ms=target_ms)
+        accepted = self._roll_back(step, num_accepted)  # a host read: the step's work is done
+        outputs = StepOutputs(output_ids, num_accepted, num_verify)
+        if self.emit_features:
+            self._features(outputs, ran, step, offsets, packed, accepted, verify)
+        outputs.target_ms = torch.tensor([(time.perf_counter() - started) * 1e3])
+        return outputs
+
+    def _features(
+        self, outputs: StepOutputs, hidden: torch.Tensor, step: HostStep, offsets: list[int],
+        packed: VerifyBatch, accepted: list[int], verify: list[int],
+    ) -> None:  # fmt: skip
+        """Fill `outputs`' target_features, feature_counts and feature_starts from the last
+        block's output at every packed token `hidden` [tokens, width]."""
+        counts = [n - v + a for n, v, a in zip(packed.lengths, verify, accepted, strict=True)]
+        starts = [s + o for s, o in zip(step.start_positions, offsets, strict=True)]
+        row_start = itertools.accumulate(packed.lengths, initial=0)
+        index = torch.cat(
+            [torch.arange(r, r + c) for r, c in zip(row_start, counts, strict=False)]
+        ).to(hidden.device)
+        model = cast(Transformer, self.model)
+        outputs.target_features = model.final_norm(hidden[index]).float()
+        outputs.feature_counts = torch.tensor(counts, dtype=torch.int32)
+        outputs.feature_starts = torch.tensor(starts, dtype=torch.int32)
 
     def _probs_at(
         self,
@@ -170,12 +206,14 @@ class TargetStage(ModelStage):
         """Warp depth by depth (a host read per depth, of which rows go on): CPU only."""
         return self.device.type == "cpu"
 
-    def _roll_back(self, step: HostStep, num_accepted: torch.Tensor) -> None:
-        """Keep each row's committed inputs and accepted drafts cached; drop the rest."""
+    def _roll_back(self, step: HostStep, num_accepted: torch.Tensor) -> list[int]:
+        """Keep each row's committed inputs and accepted drafts cached; drop the rest. Returns
+        num_accepted read to the host."""
         accepted = num_accepted.tolist()
         for r, seq_id in enumerate(step.seq_ids):
             committed = step.start_positions[r] + step.input_lengths[r]
             self.cache.rollback(seq_id, committed + accepted[r])
+        return accepted
 
 
 # Below about this many rows a CPU product with the target's output matrix costs what streaming

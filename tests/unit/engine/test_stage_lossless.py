@@ -22,6 +22,10 @@ verifying against a q other than the drafts' (q of the whole vocabulary reported
 from the map; each drawn index mapped one id too high, q reported for the intended ids), must
 be rejected (p < 1e-6).
 
+A draft head (avspec.runtime.head) over the same target, started from its one block: drafts
+from the target's features, the same 2,048 requests and thresholds; the wrong-q pipeline with
+the head must be caught too.
+
 On llama.cpp's engine (`avspec.runtime.llamacpp`): a tiny Llama written as an f32 GGUF, its draft
 a perturbed copy, both stages on the engine; the law is the engine's own (its logits after the
 prompt and after each first token, warped the same way), the same 2,048 requests and thresholds,
@@ -48,6 +52,7 @@ from avspec.engine.sampling import draft_warp, warp_probs
 from avspec.engine.scheduler import Scheduler
 from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep, StepCapacity
+from avspec.runtime.head import new_head
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -82,20 +87,23 @@ def _on_device(model):
     return copy.to(DEVICE)
 
 
-def _sample(step_fn, seed_base: int, drafting: bool = True) -> torch.Tensor:
-    """Counts [vocab, vocab] of the first two generated tokens over REQUESTS requests."""
+def _sample(
+    step_fn, seed_base: int, drafting: bool = True, prompt: list[int] = PROMPT, skip: int = 0
+) -> torch.Tensor:
+    """Counts [vocab, vocab] of the two generated tokens after the first `skip` over REQUESTS
+    requests for `prompt`."""
     scheduler = Scheduler(step_fn, NO_EOS, BATCH, 32, K)
     tokens: list[list[int]] = [[] for _ in range(REQUESTS)]
     errors: list[Exception] = []
     for i in range(REQUESTS):
         request = GenerationRequest(
-            list(PROMPT), K + 1, TEMPERATURE, TOP_P, random_seed=seed_base + i,
+            list(prompt), K + 1 + skip, TEMPERATURE, TOP_P, random_seed=seed_base + i,
             num_draft_tokens=K, adaptive_drafting=drafting,
         )  # fmt: skip
         scheduler.submit(request, lambda r, i=i: tokens[i].extend(r.new_tokens), errors.append)
     scheduler.run_until_idle()
     assert not errors, "".join(traceback.format_exception(errors[0]))
-    pairs = torch.tensor([t[:2] for t in tokens])  # [requests, 2]
+    pairs = torch.tensor([t[skip : skip + 2] for t in tokens])  # [requests, 2]
     vocab = step_fn_vocab(step_fn)
     return torch.bincount(pairs[:, 0] * vocab + pairs[:, 1], minlength=vocab * vocab).view(
         vocab, vocab
@@ -106,8 +114,9 @@ def step_fn_vocab(step_fn) -> int:
     return step_fn.step.target.model.vocab_size
 
 
-def _exact_law(target) -> torch.Tensor:
-    """p(y1) p(y2 | y1) [vocab, vocab] under the target alone, warped like the stages warp."""
+def _exact_law(target, prompt: list[int] = PROMPT) -> torch.Tensor:
+    """p(y1) p(y2 | y1) [vocab, vocab] after `prompt` under the target alone, warped like the
+    stages warp."""
     vocab = target.config.vocab_size
 
     def warped(contexts: torch.Tensor) -> torch.Tensor:  # contexts [batch, seq] -> [batch, vocab]
@@ -116,8 +125,8 @@ def _exact_law(target) -> torch.Tensor:
         temperature, top_p = torch.full((n,), TEMPERATURE), torch.full((n,), TOP_P)
         return warp_probs(logits, temperature, top_p)[:, 0].double()
 
-    first = warped(torch.tensor([PROMPT]))[0]  # [vocab]
-    contexts = torch.tensor([PROMPT + [y] for y in range(vocab)])
+    first = warped(torch.tensor([prompt]))[0]  # [vocab]
+    contexts = torch.tensor([prompt + [y] for y in range(vocab)])
     return first[:, None] * warped(contexts)  # [vocab, vocab]
 
 
@@ -240,6 +249,39 @@ def test_wrong_q_in_the_target_is_caught():
     target, draft = _pair()
     counts = _sample(_WrongQ(_build(target, draft)), seed_base=0)
     assert _p_value(counts, _exact_law(target)) < FAIL
+
+
+# A head drafts from a request's second step (the target has not run the prompt before), so its
+# law is tested on the second and third tokens, after a prompt whose first token is certain.
+HEAD_PROMPT, HEAD_FIRST = [225, 211, 76, 94], 86  # the nucleus after HEAD_PROMPT is {86}
+
+
+def _head_pair():
+    """The target of `_pair` and a draft head started from its one block (avspec.runtime.head)."""
+    target, _ = _pair()
+    return target, new_head(_pair()[0].float(), init_layer=0).double().eval()
+
+
+def _head_law(target) -> torch.Tensor:
+    first = _exact_law(target, HEAD_PROMPT).sum(1)
+    assert abs(float(first[HEAD_FIRST]) - 1.0) < 1e-6
+    return _exact_law(target, [*HEAD_PROMPT, HEAD_FIRST])
+
+
+def test_a_draft_head_keeps_the_target_law():
+    """The head drafting (features from the target stage, entries and guesses in its cache),
+    AV and adaptive drafting on; 2,048 requests, thresholds as above."""
+    target, head = _head_pair()
+    step = _Counted(_build(target, head))
+    counts = _sample(step, seed_base=0, drafting=True, prompt=HEAD_PROMPT, skip=1)
+    assert 0 < step.verified < 0.9 * step.drafted
+    assert _p_value(counts, _head_law(target)) > PASS
+
+
+def test_wrong_q_with_a_draft_head_is_caught():
+    target, head = _head_pair()
+    counts = _sample(_WrongQ(_build(target, head)), 0, prompt=HEAD_PROMPT, skip=1)
+    assert _p_value(counts, _head_law(target)) < FAIL
 
 
 def test_a_reduced_draft_vocabulary_keeps_the_target_law():

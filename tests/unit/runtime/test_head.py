@@ -33,16 +33,18 @@ def _head(seed: int = 0) -> DraftHead:
 @torch.no_grad()
 def test_cached_path_equals_dense_path_in_pieces():
     head = _head()
-    features = torch.randn(1, 12, TARGET.width, generator=torch.Generator().manual_seed(1))
-    tokens = torch.randint(0, TARGET.vocab_size, (1, 12), generator=torch.Generator().manual_seed(2))
+    generator = torch.Generator().manual_seed(1)
+    features = torch.randn(1, 12, TARGET.width, generator=generator)
+    tokens = torch.randint(0, TARGET.vocab_size, (1, 12), generator=generator)
     dense = head(features, tokens)[0]
     cache = head.layers.new_cache(1, 64)
     cache.allocate(0)
     pieces = []
     for start, end in ((0, 5), (5, 6), (6, 12)):
         pieces.append(
-            head.forward_cached(cache, [0], features[0, start:end], tokens[0, start:end],
-                                [end - start])  # fmt: skip
+            head.forward_cached(
+                cache, [0], features[0, start:end], tokens[0, start:end], [end - start]
+            )  # fmt: skip
         )
     assert torch.allclose(torch.cat(pieces), dense, atol=1e-4, rtol=1e-4)
 

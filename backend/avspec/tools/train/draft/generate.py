@@ -60,6 +60,9 @@ class AnswerSettings:
     features: bool = False
 
 
+DEFAULT_ANSWERS = AnswerSettings()
+
+
 def chat_renderer(target_dir: Path | str) -> Any:
     """The target's `transformers` tokenizer: its `apply_chat_template` renders prompts."""
     from transformers import AutoTokenizer
@@ -174,7 +177,7 @@ def generate_chunks(
     target_dir: Path | str,
     prompts: Sequence[ChatPrompt],
     out_dir: Path | str,
-    settings: AnswerSettings = AnswerSettings(),
+    settings: AnswerSettings = DEFAULT_ANSWERS,
     seed: int = 0,
     prefix: str = "chunk_",
     chunk_size: int = 256,

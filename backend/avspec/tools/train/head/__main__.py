@@ -1,4 +1,4 @@
-"""Train the draft head for a target: `python -m avspec.tools.train.head --help` (`make draft-head`).
+"""Train the draft head for a target (`make draft-head`; `python -m avspec.tools.train.head -h`).
 
 Phases (each resumable, `--only` runs one):
 

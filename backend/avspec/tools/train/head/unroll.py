@@ -22,11 +22,14 @@ have no such chain and are left out of the loss by `valid_from`.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from avspec.runtime.head import DraftHead
+from avspec.runtime.transformer import Block
 
 
 def chain_mask(length: int, depth: int) -> Tensor:
@@ -42,7 +45,7 @@ def chain_mask(length: int, depth: int) -> Tensor:
 def unroll(head: DraftHead, features: Tensor, tokens: Tensor, depth: int) -> list[Tensor]:
     """The head's guesses f^ [batch, seq, width] at depths 1..`depth` (a list): features
     [batch, seq, width] the target's (f_j), tokens [batch, seq] the token after each (t_{j+1})."""
-    block, rotary = head.layers.blocks[0], head.layers.rotary
+    block, rotary = cast(Block, head.layers.blocks[0]), head.layers.rotary
     length = features.shape[1]
     angles = rotary.angles(torch.arange(length), features.dtype)
     embedded = head.layers.embed(tokens).to(features.dtype)
