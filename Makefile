@@ -7,7 +7,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: help venv llamacpp test unit lint format clean repository serve models tiny-models workloads bench soak costs draft draft-vocab card
+.PHONY: help venv llamacpp test unit lint format clean repository serve models tiny-models workloads bench soak costs draft draft-head draft-vocab card
 
 # `make` alone: every target with its line (the `## ` comment after the target).
 help:
@@ -61,14 +61,17 @@ ALLOWED_HOSTS ?=
 # cached under build/gguf-cache by the file's sha256), checked and described by the launcher
 # before tritonserver starts. The default target, SmolLM2-135M-Instruct, is not in git:
 # `make serve` fetches and converts it first when models/target is missing (`make models`).
-DRAFT_MODEL ?= models/draft
+# DRAFTER=head serves the draft head (models/head: an EAGLE-style head over the target's features)
+# instead of the draft model; DRAFT_MODEL names any other directory.
+DRAFTER ?= model
+DRAFT_MODEL ?= $(if $(filter head,$(DRAFTER)),models/head,models/draft)
 TARGET_MODEL ?= models/target
 # The stages' serving precision (default: the repository's `auto`); e.g. TARGET_DTYPE=w8a8.
 TARGET_DTYPE ?=
 DRAFT_DTYPE ?=
 # The stages' runtime: auto (torch where the CPU has native bf16, else llama.cpp), torch, llamacpp.
 ENGINE ?=
-serve: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors models/draft/model.gguf) $(if $(QUANT),models/target/model.$(QUANT).gguf) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
+serve: $(STAMP) llamacpp $(if $(filter models/target,$(TARGET_MODEL)),models/target/config.json) $(if $(filter models/draft,$(DRAFT_MODEL)),models/draft/model.safetensors models/draft/model.gguf) $(if $(filter models/head,$(DRAFT_MODEL)),models/head/embedding.safetensors) $(if $(QUANT),models/target/model.$(QUANT).gguf) ## serve model_repository/ with tritonserver behind the front (HTTP 8000, gRPC 8001, metrics 8002)
 	$(PY) -m avspec.serving.host.launcher --model-repository model_repository \
 		--draft-model $(DRAFT_MODEL) --target-model $(TARGET_MODEL) \
 		--http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --metrics-port $(METRICS_PORT) \
@@ -93,6 +96,11 @@ models/target/config.json: | $(STAMP)
 models/draft/model.safetensors: models/target/config.json models/draft/draft_layers.safetensors
 	$(PY) -m avspec.tools.train.draft_embedding --target models/target --draft models/draft
 
+# The draft head keeps only its own tensors in git (models/head/head.safetensors, 8 MB); this copies
+# the target's embedding, which it reads and writes through, in beside them.
+models/head/embedding.safetensors: models/target/config.json models/head/head.safetensors
+	$(PY) -m avspec.tools.train.head --only embed --target models/target --out models/head
+
 # llama.cpp's engine serves the draft from a GGUF the project writes (Q8_0 layers, the target's
 # own Q8_0 embedding blocks copied as they are); the target's is its published file, models/target/model.gguf.
 models/draft/model.gguf: models/draft/model.safetensors
@@ -110,6 +118,7 @@ models: $(STAMP) $(if $(QUANT),llamacpp) ## fetch and convert the default target
 	$(PY) -m avspec.tools.setup.fetch_target --out models/target
 	$(PY) -m avspec.tools.train.draft_embedding --target models/target --draft models/draft
 	$(PY) -m avspec.tools.setup.draft_gguf --draft models/draft --out models/draft/model.gguf
+	$(PY) -m avspec.tools.train.head --only embed --target models/target --out models/head
 	$(if $(QUANT),$(PY) -m avspec.tools.setup.requantize --type $(QUANT) --target models/target)
 
 # Retrain the tiny pair + its model card (models/tiny, the default before SmolLM2): BPE
@@ -167,6 +176,16 @@ DRAFT_MINUTES ?= 65
 FINETUNE_MINUTES ?= 30
 DRAFT_ARGS = --target models/target --target-layers 0,1,2 --threads 1 \
 	--draft-vocab models/draft/draft_vocab.json
+# The draft head for SmolLM2 (models/head, avspec.tools.train.head): the draft pipeline's data with
+# the target's features kept (held-out corpus prompts, 512 raw prefixes, 2,048 user messages the
+# target writes itself at temperatures 0.8/1.0/1.2, 1,536 corpus prompts, answered at 0.7/0.95;
+# then the hand-written general questions, held out), then HEAD_MINUTES of training beside it
+# (training-time test 3 deep), resumable, one thread, at low priority.
+HEAD_MINUTES ?= 90
+draft-head: models/target/config.json ## train the draft head for SmolLM2 (resumable, under 2 hours; models/head)
+	nice -n 10 $(PY) -m avspec.tools.train.head --target models/target --work build/drafter-data \
+		--out models/head --minutes $(HEAD_MINUTES) --threads 1
+
 draft: models/target/config.json ## train the draft for SmolLM2 (resumable, under 2 hours; models/draft)
 	nice -n 10 $(PY) -m avspec.tools.train.draft $(DRAFT_ARGS) --work build/draft-smollm2 \
 		--out build/draft-base --train-prompts 5120 --minutes $(DRAFT_MINUTES) --no-card

@@ -21,7 +21,10 @@ the served cached path (`Transformer.forward_cached` with `embeds`) are the runt
 
 Files: `head.safetensors` (the trained tensors, `fc.weight` and the one-block transformer's
 `blocks.0.*` and `final_norm.weight`) and `head.json` (`HeadSpec`: the target's config with
-one layer, the block the head was initialised from, the kept-id file).
+one layer, the block the head was initialised from, the kept-id file), both committed; and
+`embedding.safetensors`, the target's embedding copied in from the target's checkpoint
+(`write_embedding`, by `make models`), so a served head directory loads on its own
+(`load_head_dir`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from avspec.runtime.transformer import Transformer, TransformerConfig
 
 WEIGHTS_FILE = "head.safetensors"
 SPEC_FILE = "head.json"
+EMBEDDING_FILE = "embedding.safetensors"  # the target's, copied in by `write_embedding`
 KIND = "eagle"
 
 
@@ -82,6 +86,10 @@ class DraftHead(nn.Module):
     @property
     def config(self) -> TransformerConfig:
         return self.layers.config
+
+    @property
+    def vocab_size(self) -> int:
+        return self.layers.vocab_size
 
     def inputs(self, features: Tensor, tokens: Tensor) -> Tensor:
         """[..., width] features and [...] token ids -> the block's input [..., width]."""
@@ -172,3 +180,46 @@ def load_head(
     head.layers.embed.weight = target.embed.weight  # shared
     head.layers.embed.weight.requires_grad_(False)
     return head.eval(), spec
+
+
+def is_head_dir(path: Path | str) -> bool:
+    """Whether `path` is a draft head directory (it holds `head.json`)."""
+    return (Path(path) / SPEC_FILE).is_file()
+
+
+def write_embedding(target: Transformer, head_dir: Path | str) -> None:
+    """Copy the target's embedding into `head_dir` (bfloat16), for `load_head_dir`."""
+    from safetensors.torch import save_file
+
+    weight = target.embed.weight.detach().to(torch.bfloat16).contiguous()
+    save_file({"embed.weight": weight}, str(Path(head_dir) / EMBEDDING_FILE))
+
+
+def load_head_dir(
+    head_dir: Path | str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    max_length: int | None = None,
+) -> DraftHead:
+    """The head in `head_dir` with the target embedding copied beside it, in `dtype` on
+    `device`, its rotary tables for `max_length` positions (None: as saved): ValueError naming
+    a missing file (`make models` writes the embedding)."""
+    from safetensors.torch import load_file
+
+    head_dir = Path(head_dir)
+    for name in (WEIGHTS_FILE, SPEC_FILE, EMBEDDING_FILE):
+        if not (head_dir / name).is_file():
+            raise ValueError(f"{head_dir}: no {name} (a draft head directory needs it)")
+    spec = HeadSpec.from_dict(json.loads((head_dir / SPEC_FILE).read_text()))
+    config = spec.config
+    if max_length is not None:
+        config = dataclasses.replace(config, max_length=max_length)
+    head = DraftHead(config)
+    state = load_file(str(head_dir / WEIGHTS_FILE))
+    state["layers.embed.weight"] = load_file(str(head_dir / EMBEDDING_FILE))["embed.weight"]
+    missing = set(head.state_dict()) - set(state)
+    if missing:
+        raise ValueError(f"{head_dir}: {WEIGHTS_FILE} lacks {sorted(missing)[0]}")
+    head.load_state_dict(state)
+    head.layers.embed.weight.requires_grad_(False)
+    return head.to(device, dtype).eval()

@@ -71,6 +71,7 @@ PARAMETER_NOTES: dict[str, str] = {
     "threads": "llamacpp: threads per stage (0: every core)",
     "kv_pool_tokens": "KV cells shared by the stage's sequences (0: sequences x length)",
     "flash_attention": "llamacpp: ggml's flash attention (false: the slower plain path)",
+    "emit_features": "also return the target's features for a draft head (the launcher sets it)",
     # verifier (avspec.config.EstimatorConfig, avspec.serving.repository.VerifierParams)
     "num_positions": "K, draft positions with their own intercept",
     "initial_slope": "starting slope (the default pair's fit; a snapshot replaces it)",

@@ -76,8 +76,9 @@ VERIFIER_IO = (
 )
 TARGET_IO = (
     [*DRAFT_IO[0], "draft_tokens", "draft_probs", "num_verify"],
-    ["output_ids", "num_accepted", "target_ms"],
-)
+    ["output_ids", "num_accepted", "target_ms", "target_features", "feature_counts",
+     "feature_starts"],
+)  # fmt: skip
 # tensorrt_llm: the backend's tensor options beyond avspec.trtllm.request's specs.
 RAGGED = ("input_ids", "draft_input_ids", "draft_logits")
 SCALARS = ("input_lengths", "temperature", "runtime_top_k", "runtime_top_p", "random_seed")
@@ -181,7 +182,7 @@ def stage_parameters(model_dir: str, draft: bool, **values: object) -> dict[str,
     draft_only = {"draft_vocab": "auto"} if draft else {}
     return parameters(
         StageParams,
-        skip=() if draft else ("draft_top_k", "draft_vocab"),
+        skip=("emit_features",) if draft else ("draft_top_k", "draft_vocab"),
         model_dir=model_dir,
         **{**served, **draft_only, **values},  # type: ignore[arg-type]
     )

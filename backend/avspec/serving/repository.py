@@ -89,6 +89,9 @@ class StageParams:
     threads: int = 0  # llama.cpp threads (0: every core); torch's come from OMP_NUM_THREADS
     kv_pool_tokens: int = 0  # KV cells shared by all sequences (0: sequences x length)
     flash_attention: bool = True  # llama.cpp: ggml's flash attention (off: 4-5x slower attention)
+    # target only: also return the features a draft head reads (StepOutputs.target_features);
+    # the launcher sets it when the draft model directory holds a head (avspec.runtime.head)
+    emit_features: bool = False
 
     @property
     def pool_tokens(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from avspec.runtime.head import is_head_dir
 from avspec.serving.host.host_costs import CostOptions, resolve_host_costs
 from avspec.serving.host.model_pair import (
     check_target_gguf,
@@ -53,6 +54,8 @@ def prepare_repository(
             overrides.setdefault(stage, {})[name] = value
             print(f"avspec: {stage} stage {name} {value}", flush=True)
     if draft_model is not None or target_model is not None:
+        if is_head_dir(pair.draft.directory):
+            print(head_overrides(overrides), flush=True)
         for line in [*resolve_auto_engine(repository, pair, overrides),
                      *shared_pool_overrides(repository, pair, overrides)]:  # fmt: skip
             print(line, flush=True)
@@ -60,6 +63,21 @@ def prepare_repository(
         for line in resolve_host_costs(repository, pair, overrides, costs or CostOptions()):
             print(line, flush=True)
     return copy_repository(repository, workdir / repository.name, overrides)
+
+
+def head_overrides(overrides: dict[str, dict[str, object]]) -> str:
+    """A draft head (avspec.runtime.head) reads the target's features: both stages on the torch
+    runtime, the target emitting them. Updates `overrides`; returns the line to print.
+    ValueError when a stage was asked for llama.cpp's engine (its target emits no features)."""
+    for role in ("draft", "target"):
+        if overrides.get(role, {}).get("engine") == "llamacpp":
+            raise ValueError(
+                f"a draft head serves on the torch runtime; the {role} was asked for llamacpp "
+                "(drop ENGINE=llamacpp, or serve the draft model)"
+            )
+        overrides.setdefault(role, {})["engine"] = "torch"
+    overrides["target"]["emit_features"] = "true"
+    return "avspec: draft head: both stages on torch, the target emits its features"
 
 
 def served_settings(settings: ServeSettings, workdir: Path) -> ServeSettings:

@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -36,10 +36,12 @@ from avspec.config import EstimatorConfig
 from avspec.contract import VerifierInputs, base_tokens
 from avspec.engine.draft_stage import DraftStage
 from avspec.engine.draft_vocab import resolve_draft_vocab
+from avspec.engine.head_stage import HeadDraftStage
 from avspec.engine.stage import ModelStage, StageCache, StageModel
 from avspec.engine.target_stage import TargetStage
 from avspec.runtime.engine_choice import choose_engine
-from avspec.runtime.precision import load_served_model
+from avspec.runtime.head import DraftHead, is_head_dir, load_head_dir
+from avspec.runtime.precision import load_served_model, resolve_precision
 from avspec.serving.repository import (
     HOST_COST_TABLES,
     StageParams,
@@ -133,7 +135,14 @@ class StageAdapter(ABC):
 
     def __init__(self, params: StageParams, root: Path) -> None:
         model, cache = load_stage_model(params, root)
-        extra = {}
+        extra: dict[str, Any] = {}
+        stage_class = self.stage_class
+        if isinstance(model, DraftHead):
+            stage_class = HeadDraftStage
+        if params.emit_features:
+            if self.stage_class is not TargetStage:
+                raise ValueError("emit_features is a parameter of the target model only")
+            extra["emit_features"] = True
         if params.draft_top_k:
             if self.stage_class is not DraftStage:
                 raise ValueError("draft_top_k is a parameter of the draft model only")
@@ -147,16 +156,16 @@ class StageAdapter(ABC):
             if vocab is None:
                 logger.info("draft vocabulary: the whole vocabulary (%s has no map)", model_dir)
             else:
-                extra["draft_vocab"] = vocab  # type: ignore[assignment]
+                extra["draft_vocab"] = vocab
                 logger.info("draft vocabulary %s: %d of %d ids (%s)", vocab.path, len(vocab),
                             width, vocab.source)  # fmt: skip
-        self.stage = self.stage_class(
-            model,
+        self.stage = stage_class(
+            model,  # type: ignore[arg-type]
             cache,
             params.max_draft_tokens,
             idle_timeout_s=params.idle_timeout_s,
             vocab_limit=params.vocab_limit or None,
-            **extra,  # type: ignore[arg-type]
+            **extra,
         )
 
     @property
@@ -169,10 +178,16 @@ class StageAdapter(ABC):
         """The stage's output tensors for one request's input tensors."""
 
 
-def load_stage_model(params: StageParams, root: Path) -> tuple[StageModel, StageCache]:
+def load_stage_model(params: StageParams, root: Path) -> tuple[StageModel | DraftHead, StageCache]:
     """The stage's model and KV cache on its engine: the checkpoint in `dtype` on torch, or
     the GGUF file on llama.cpp (sized for `max_sequences` rows of K + 1 logits each)."""
     model_dir = resolve_path(root, params.model_dir)
+    if is_head_dir(model_dir):  # a draft head: the torch runtime, its own one-block cache
+        dtype = resolve_precision(params.dtype, params.device).dtype
+        head = load_head_dir(model_dir, params.device, dtype, params.max_length)
+        return head, head.layers.new_cache(
+            params.max_sequences, params.max_length, params.device, pool_tokens=params.pool_tokens
+        )
     engine = params.engine
     if engine == "auto":  # the launcher resolves it for both stages; a bare repository here
         engine, why = choose_engine([resolve_path(model_dir, params.gguf)])
@@ -230,6 +245,9 @@ class TargetAdapter(StageAdapter):
             "output_ids": out.output_ids,
             "num_accepted": out.num_accepted,
             "target_ms": out.target_ms,
+            "target_features": out.target_features,
+            "feature_counts": out.feature_counts,
+            "feature_starts": out.feature_starts,
         }
 
 

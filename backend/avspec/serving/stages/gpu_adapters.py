@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from avspec.contract import StepOutputs
 from avspec.serving.repository import TrtllmTargetParams
 from avspec.trtllm.request import (
     ContextLedger,
@@ -83,4 +84,14 @@ class TrtllmTargetAdapter:
         output_ids, num_accepted = gather_outputs(results, self.params.max_draft_tokens)
         # Host wall time from prepare to the last answer (the cost refresh reads it).
         target_ms = torch.tensor([(time.perf_counter() - self._started) * 1e3])
-        return {"output_ids": output_ids, "num_accepted": num_accepted, "target_ms": target_ms}
+        # No features for a draft head (not yet run on a GPU): the tensorrt_llm backend returns
+        # no hidden states per verified token. The way there is an engine built with EAGLE's
+        # own heads (TensorRT-LLM's speculative decoding mode `eagle`), or one whose output
+        # layer is left out so its "logits" output is the last hidden state; until then the
+        # head drafter is served on the CPU target, and the GPU target emits nothing.
+        empty = StepOutputs(output_ids, num_accepted, num_accepted)
+        return {
+            "output_ids": output_ids, "num_accepted": num_accepted, "target_ms": target_ms,
+            "target_features": empty.target_features, "feature_counts": empty.feature_counts,
+            "feature_starts": empty.feature_starts,
+        }  # fmt: skip

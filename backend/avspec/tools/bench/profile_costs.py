@@ -32,9 +32,10 @@ from tqdm import tqdm
 from avspec.av.cost_file import load_step_cost, save_step_cost
 from avspec.av.step_cost import StepCost
 from avspec.engine.draft_vocab import resolve_draft_vocab
+from avspec.runtime.head import is_head_dir, load_head_dir
 from avspec.runtime.hf_files import GGUF_FILE
 from avspec.runtime.llamacpp.model import EngineSettings, GGUFModel
-from avspec.runtime.precision import PRECISIONS, load_served_model
+from avspec.runtime.precision import PRECISIONS, load_served_model, resolve_precision
 from avspec.runtime.transformer import Transformer, TransformerConfig, init_weights
 from avspec.tools.bench.profiler import (
     WORKLOAD_FILES,
@@ -153,7 +154,12 @@ def load_pair(args: argparse.Namespace) -> tuple[Any, Any, str]:
         return _gguf_pair(args)
     target = load_served_model(args.target_dir, args.device, args.dtype)
     draft_dtype = args.draft_dtype or args.dtype
-    draft = load_served_model(args.draft_dir, args.device, draft_dtype)
+    if is_head_dir(args.draft_dir):  # a draft head: its pass timed as its one block's (the
+        # fc's 2 x width -> width product left out) over the same output layer
+        precision = resolve_precision(draft_dtype, args.device).dtype
+        draft = load_head_dir(args.draft_dir, args.device, precision).layers
+    else:
+        draft = load_served_model(args.draft_dir, args.device, draft_dtype)
     dtypes = args.dtype if draft_dtype == args.dtype else f"{args.dtype} / {draft_dtype}"
     return target, draft, f"{args.target_dir} + {args.draft_dir} ({dtypes})"
 

@@ -58,6 +58,9 @@ def first_step(batch: int = 2) -> dict[str, torch.Tensor]:
     tensors["prev_num_accepted"] = torch.zeros(0, dtype=torch.int32)
     tensors["draft_plan"] = torch.zeros(0)  # no plan yet: every row drafts its cap
     tensors["prev_timing_ms"] = torch.zeros(0)
+    tensors["prev_target_features"] = torch.zeros(0, 0)  # a draft model reads no features
+    tensors["prev_feature_counts"] = torch.zeros(0, dtype=torch.int32)
+    tensors["prev_feature_starts"] = torch.zeros(0, dtype=torch.int32)
     return tensors
 
 
@@ -160,7 +163,9 @@ def test_stage_adapters_run_a_step(pair: tuple[Path, Path], tmp_path: Path) -> N
     assert drafted["draft_features"].dtype == torch.float32
     num_verify = torch.tensor([K, 0], dtype=torch.int32)
     out = target({**tensors, **drafted, "num_verify": num_verify})
-    assert set(out) == {"output_ids", "num_accepted", "target_ms"}
+    features = {"target_features", "feature_counts", "feature_starts"}
+    assert set(out) == {"output_ids", "num_accepted", "target_ms"} | features
+    assert all(out[name].numel() == 0 for name in features)  # emit_features is off
     assert drafted["num_drafted"].tolist() == [K, K] and drafted["draft_ms"].shape == (K,)
     assert out["output_ids"].shape == (2, K + 1) and out["output_ids"].dtype == torch.int32
     assert out["num_accepted"][1] == 0

@@ -57,6 +57,9 @@ def first_step(batch: int = 2) -> dict[str, torch.Tensor]:
     tensors["prev_num_accepted"] = torch.zeros(0, dtype=torch.int32)
     tensors["draft_plan"] = torch.zeros(0)
     tensors["prev_timing_ms"] = torch.zeros(0)
+    tensors["prev_target_features"] = torch.zeros(0, 0)
+    tensors["prev_feature_counts"] = torch.zeros(0, dtype=torch.int32)
+    tensors["prev_feature_starts"] = torch.zeros(0, dtype=torch.int32)
     return tensors
 
 

@@ -254,7 +254,10 @@ def draft_request() -> dict[str, np.ndarray]:
                    top_p=np.ones(1, dtype=np.float32),
                    prev_num_accepted=np.zeros(0, dtype=np.int32),
                    draft_plan=np.zeros(0, dtype=np.float32),
-                   prev_timing_ms=np.zeros(0, dtype=np.float32))  # fmt: skip
+                   prev_timing_ms=np.zeros(0, dtype=np.float32),
+                   prev_target_features=np.zeros((0, 0), dtype=np.float32),
+                   prev_feature_counts=np.zeros(0, dtype=np.int32),
+                   prev_feature_starts=np.zeros(0, dtype=np.int32))  # fmt: skip
     return request
 
 

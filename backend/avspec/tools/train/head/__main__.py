@@ -9,12 +9,17 @@ Phases (each resumable, `--only` runs one):
   questions (`avspec.tools.bench.general_chat`, never trained on) into `<work>/heldout_general`;
 - `train`: `train.train_head` for `--minutes`, beside the data phase when both run (it trains on
   the chunks that have landed);
-- `save`: the head into `--out` (`head.safetensors`, `head.json`, the draft vocabulary).
+- `save`: the head into `--out` (`head.safetensors`, `head.json`, the draft vocabulary, the
+  target's tokenizer files and its config with one layer, so the launcher's pair check reads the
+  directory like a checkpoint), then `embed`;
+- `embed`: the target's embedding copied into `--out` (`embedding.safetensors`, not kept in git:
+  `make models` writes it on a fresh checkout).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import shutil
 import sys
@@ -25,13 +30,15 @@ from pathlib import Path
 import torch
 
 from avspec.engine.draft_vocab import load_draft_vocab
-from avspec.runtime.head import HeadSpec, head_config, save_head
+from avspec.runtime.head import HeadSpec, head_config, save_head, write_embedding
 from avspec.runtime.model_dir import load_model
 from avspec.tools.train.draft.generate import AnswerSettings, generate_chunks
 from avspec.tools.train.draft.prompts import ChatPrompt
 from avspec.tools.train.head.train import HeadTraining, train_head
 
-PHASES = ("data", "train", "save")
+PHASES = ("data", "train", "save", "embed")
+TARGET_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                "generation_config.json")  # fmt: skip
 GENERAL_SEED = 90_000
 
 
@@ -85,15 +92,21 @@ def save(args: argparse.Namespace, head: torch.nn.Module | None = None) -> None:
     assert isinstance(head, DraftHead)
     args.out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(args.draft_vocab, args.out / "draft_vocab.json")
+    for name in TARGET_FILES:
+        if (args.target / name).is_file():
+            shutil.copyfile(args.target / name, args.out / name)
+    config = json.loads((args.target / "config.json").read_text())
+    (args.out / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 1}, indent=2))
     spec = HeadSpec(head_config(target.config), args.init_layer, "draft_vocab.json")
     save_head(head, spec, args.out)
+    write_embedding(target, args.out)
     print(f"head: {args.out}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    phases = [args.only] if args.only else list(PHASES)
+    phases = [args.only] if args.only else ["data", "train", "save"]
     data = None
     if "data" in phases and len(phases) > 1:
         data = multiprocessing.get_context("spawn").Process(target=make_head_data, args=(args,))
@@ -115,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         data.join()
     if "save" in phases:
         save(args, head)
+    elif "embed" in phases:
+        write_embedding(load_model(args.target), args.out)
 
 
 if __name__ == "__main__":
