@@ -140,14 +140,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         data.start()
         _wait_for_chunk(args.work / "train", data)
     if args.only in (None, "train"):
-        from avspec.tools.train.draft.train import train_draft
+        from avspec.tools.train.draft.train import DraftTraining, train_draft
 
         shape = {"target_layers": [int(i) for i in args.target_layers.split(",")]}
-        train_draft(
-            args.target, args.work, args.minutes, args.seed, shape=shape,
-            vocab=training_vocab(args.draft_vocab, args.out, args.target), lr=args.lr,
-            init_from=args.init_from, tv_weight=args.tv_weight,
-        )  # fmt: skip
+        training = DraftTraining(args.minutes, args.seed, lr=args.lr, tv_weight=args.tv_weight)
+        vocab = training_vocab(args.draft_vocab, args.out, args.target)
+        train_draft(args.target, args.work, training, shape, vocab, args.init_from)
     if data is not None:
         _end_data_phase(data)
     if args.only in (None, "report"):

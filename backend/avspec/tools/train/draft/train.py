@@ -36,6 +36,7 @@ import random
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -166,26 +167,37 @@ def kept_slots(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return slots
 
 
+@dataclass(frozen=True)
+class DraftTraining:
+    """How long and how a draft trains: `minutes` of wall time in all (a resumed run counts what
+    it already spent), the AdamW learning rate (`lr`, warm-up then cosine: lr_at), tokens per
+    batch, minutes between checkpoints, and `tv_weight` > 0 adds `tv_weight * top_tv` to the KL
+    (the acceptance at the served sampling setting, optimised directly)."""
+
+    minutes: float
+    seed: int = 0
+    lr: float = 1e-3
+    tokens_per_batch: int = 4096
+    checkpoint_minutes: float = 4.0
+    tv_weight: float = 0.0
+
+
 def train_draft(
     target_dir: Path | str,
     work: Path | str,
-    minutes: float,
-    seed: int = 0,
-    lr: float = 1e-3,
-    tokens_per_batch: int = 4096,
-    checkpoint_minutes: float = 4.0,
+    training: DraftTraining,
     shape: dict | None = None,
     vocab: DraftVocab | None = None,
     init_from: Path | str | None = None,
-    tv_weight: float = 0.0,
 ) -> Transformer:
-    """Train (or resume) the draft for `minutes` of wall time in all; returns it in eval mode.
+    """Train (or resume) the draft as `training` says; returns it in eval mode.
 
     A new run takes `shape` (default `DEFAULT_SHAPE`) and `vocab` (None: the whole vocabulary);
     a resumed one keeps its checkpoint's, and refuses a different `vocab`. `init_from`: a new
-    run starts from that draft directory's weights (a fine-tune; they must load into `shape`).
-    `tv_weight` > 0 adds `tv_weight * top_tv` to the KL: the acceptance at the served sampling
-    setting, optimised directly."""
+    run starts from that draft directory's weights (a fine-tune; they must load into `shape`)."""
+    minutes, seed, lr = training.minutes, training.seed, training.lr
+    tokens_per_batch, tv_weight = training.tokens_per_batch, training.tv_weight
+    checkpoint_minutes = training.checkpoint_minutes
     work = Path(work)
     path = work / CHECKPOINT
     target = load_model(target_dir, max_length=1024)

@@ -232,9 +232,11 @@ def test_a_resumed_run_refuses_another_draft_vocabulary(tmp_path, monkeypatch):
     }  # fmt: skip
     torch.save(state, tmp_path / train_module.CHECKPOINT)
     with pytest.raises(ValueError, match="another draft vocabulary"):
-        train_module.train_draft("unused", tmp_path, 1.0, vocab=DraftVocab.of([0, 1, 3], 40))
+        train_module.train_draft(
+            "unused", tmp_path, train_module.DraftTraining(1.0), vocab=DraftVocab.of([0, 1, 3], 40)
+        )
     with pytest.raises(ValueError, match="another draft vocabulary"):
-        train_module.train_draft("unused", tmp_path, 1.0, vocab=None)
+        train_module.train_draft("unused", tmp_path, train_module.DraftTraining(1.0), vocab=None)
 
 
 def test_raw_prompts_alternate_code_and_prose_prefixes():
