@@ -366,7 +366,9 @@ def scrape_estimator(metrics_url: str) -> dict[str, float]:
 
 def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     """Start a server on a copy of --model-repository (snapshot in --out); return its URLs."""
+    from avspec.runtime.head import is_head_dir
     from avspec.serving.host.host_costs import resolve_for_repository
+    from avspec.serving.host.served_repository import head_overrides
     from avspec.serving.host.server_process import ServerProcess, free_port
     from avspec.serving.host.settings import ServeSettings
     from avspec.serving.repository import copy_repository
@@ -386,6 +388,8 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     for stage in ("target", "draft"):  # the stages' `dtype` (e.g. w8a8, int4)
         if getattr(args, f"{stage}_dtype", None):
             overrides.setdefault(stage, {})["dtype"] = getattr(args, f"{stage}_dtype")
+    if args.draft_dir is not None and is_head_dir(args.draft_dir):
+        print(head_overrides(overrides), flush=True)  # as the launcher serves a head
     for line in resolve_for_repository(args.model_repository, overrides):
         print(line, flush=True)  # this host's cost tables, as the launcher gives them
     repo = copy_repository(args.model_repository, work / "model_repository", overrides)
