@@ -23,11 +23,11 @@ from avspec.tools.train.tiny.evaluate import warp
 
 
 @torch.no_grad()
-def head_acceptance(
+def head_outcomes(
     head: DraftHead, sequences: list[dict], kept: torch.Tensor, depth: int = 3
-) -> dict[str, list[float]]:
-    """Per depth 1..`depth`: `acceptance` (mean), `q_max` (mean) and `auc` of logit(q_max)
-    against acceptance, over the answer positions of `sequences` (with features)."""
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per depth 1..`depth`: (acceptance, q_max) [positions] at every answer position of
+    `sequences` (with features) the head reaches at that depth, its earlier guesses fed back."""
     accepts: list[list[torch.Tensor]] = [[] for _ in range(depth)]
     q_maxes: list[list[torch.Tensor]] = [[] for _ in range(depth)]
     rows = head.layers.embed.weight[kept].float()
@@ -46,9 +46,16 @@ def head_acceptance(
             q = warp(logits, TEMPERATURE, TOP_P)
             accepts[d].append(torch.minimum(p_all[reach], q).sum(-1))
             q_maxes[d].append(q.max(-1).values)
+    return [(torch.cat(a), torch.cat(q)) for a, q in zip(accepts, q_maxes, strict=True)]
+
+
+def head_acceptance(
+    head: DraftHead, sequences: list[dict], kept: torch.Tensor, depth: int = 3
+) -> dict[str, list[float]]:
+    """Per depth 1..`depth`: `acceptance` (mean), `q_max` (mean) and `auc` of logit(q_max)
+    against acceptance, over `head_outcomes`."""
     result: dict[str, list[float]] = {"acceptance": [], "q_max": [], "auc": []}
-    for d in range(depth):
-        accept, q_max = torch.cat(accepts[d]), torch.cat(q_maxes[d])
+    for accept, q_max in head_outcomes(head, sequences, kept, depth):
         result["acceptance"].append(round(float(accept.mean()), 4))
         result["q_max"].append(round(float(q_max.mean()), 4))
         result["auc"].append(round(soft_auc(logit(q_max), accept), 4))
