@@ -175,6 +175,16 @@ DRAFT_OUTPUTS: tuple[TensorSpec, ...] = (
     _OUT["num_drafted"],
     _OUT["draft_ms"],
 )
+# The target's outputs a draft head reads the next step (empty unless the target emits them).
+FEATURE_OUTPUTS = ("target_features", "feature_counts", "feature_starts")
+
+
+def no_features() -> dict[str, torch.Tensor]:
+    """FEATURE_OUTPUTS empty, of their declared dtypes and ranks (a target that emits none)."""
+    specs = (_OUT[name] for name in FEATURE_OUTPUTS)
+    return {spec.name: torch.zeros((0,) * len(spec.shape), dtype=spec.dtype) for spec in specs}
+
+
 # Every tensor of one step by name: the names the models and the ensemble pass them under.
 STEP_TENSORS: dict[str, TensorSpec] = {
     spec.name: spec for spec in (*STEP_INPUTS, *DRAFT_OUTPUTS, *STEP_OUTPUTS)

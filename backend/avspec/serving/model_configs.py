@@ -26,7 +26,7 @@ import torch
 from tritonclient.grpc import model_config_pb2 as mc
 
 from avspec.config import EstimatorConfig
-from avspec.contract import STEP_INPUTS, STEP_OUTPUTS, STEP_TENSORS, TensorSpec
+from avspec.contract import FEATURE_OUTPUTS, STEP_INPUTS, STEP_OUTPUTS, STEP_TENSORS, TensorSpec
 from avspec.serving import pbtxt
 from avspec.serving.config_notes import MODEL_NOTES, PARAMETER_NOTES
 from avspec.serving.entry_interface import ENTRY_INPUTS, ENTRY_OUTPUTS
@@ -76,9 +76,8 @@ VERIFIER_IO = (
 )
 TARGET_IO = (
     [*DRAFT_IO[0], "draft_tokens", "draft_probs", "num_verify"],
-    ["output_ids", "num_accepted", "target_ms", "target_features", "feature_counts",
-     "feature_starts"],
-)  # fmt: skip
+    ["output_ids", "num_accepted", "target_ms", *FEATURE_OUTPUTS],
+)
 # tensorrt_llm: the backend's tensor options beyond avspec.trtllm.request's specs.
 RAGGED = ("input_ids", "draft_input_ids", "draft_logits")
 SCALARS = ("input_lengths", "temperature", "runtime_top_k", "runtime_top_p", "random_seed")

@@ -33,7 +33,7 @@ from avspec.av.snapshot import (
 from avspec.av.step_cost import StepCost
 from avspec.av.verifier import AdaptiveVerifier, VerifyDecision
 from avspec.config import EstimatorConfig
-from avspec.contract import VerifierInputs, base_tokens
+from avspec.contract import FEATURE_OUTPUTS, VerifierInputs, base_tokens
 from avspec.engine.draft_stage import DraftStage
 from avspec.engine.draft_vocab import resolve_draft_vocab
 from avspec.engine.head_stage import HeadDraftStage
@@ -245,9 +245,7 @@ class TargetAdapter(StageAdapter):
             "output_ids": out.output_ids,
             "num_accepted": out.num_accepted,
             "target_ms": out.target_ms,
-            "target_features": out.target_features,
-            "feature_counts": out.feature_counts,
-            "feature_starts": out.feature_starts,
+            **{name: getattr(out, name) for name in FEATURE_OUTPUTS},
         }
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from avspec.contract import StepOutputs
+from avspec.contract import no_features
 from avspec.serving.repository import TrtllmTargetParams
 from avspec.trtllm.request import (
     ContextLedger,
@@ -89,9 +89,7 @@ class TrtllmTargetAdapter:
         # own heads (TensorRT-LLM's speculative decoding mode `eagle`), or one whose output
         # layer is left out so its "logits" output is the last hidden state; until then the
         # head drafter is served on the CPU target, and the GPU target emits nothing.
-        empty = StepOutputs(output_ids, num_accepted, num_accepted)
         return {
             "output_ids": output_ids, "num_accepted": num_accepted, "target_ms": target_ms,
-            "target_features": empty.target_features, "feature_counts": empty.feature_counts,
-            "feature_starts": empty.feature_starts,
+            **no_features(),
         }  # fmt: skip
