@@ -385,9 +385,11 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     for model, directory in (("target", args.target_dir), ("draft", args.draft_dir)):
         if directory is not None:
             overrides[model] = {"model_dir": directory.resolve()}
-    for stage in ("target", "draft"):  # the stages' `dtype` (e.g. w8a8, int4)
+    for stage in ("target", "draft"):  # the stages' `dtype` (e.g. w8a8, int4) and engine
         if getattr(args, f"{stage}_dtype", None):
             overrides.setdefault(stage, {})["dtype"] = getattr(args, f"{stage}_dtype")
+        if getattr(args, "engine", None):
+            overrides.setdefault(stage, {})["engine"] = args.engine
     if args.draft_dir is not None and is_head_dir(args.draft_dir):
         print(head_overrides(overrides), flush=True)  # as the launcher serves a head
     for line in resolve_for_repository(args.model_repository, overrides):
@@ -415,6 +417,11 @@ def add_server_arguments(p: argparse.ArgumentParser, dtype_help: str = "") -> No
     p.add_argument(
         "--draft-dtype", default=None, choices=SERVING_DTYPES["cpu"],
         help="with --start-server: the draft stage's dtype (default: the repository's)",
+    )  # fmt: skip
+    p.add_argument(
+        "--engine", default=None, choices=("auto", "torch", "llamacpp"),
+        help="with --start-server: both stages' runtime (a draft head's stays torch; default: "
+        "the repository's)",
     )  # fmt: skip
 
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -56,16 +56,19 @@ class TargetStage(ModelStage):
     With `emit_features` it also returns its features for a draft head (`StepOutputs.
     target_features`): the last block's output after the final norm at every token it ran and
     kept (each row's pending inputs, then its accepted drafts), so the forward keeps the output
-    at every token, not only where rejection reads.
+    at every token, not only where rejection reads. On llama.cpp's engine they are its
+    embeddings output (`GGUFModel.features`, a context made with `EngineSettings.features`).
     """
 
     SALT = TARGET_SALT
 
     def __init__(self, *args: Any, emit_features: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if emit_features and not isinstance(self.model, Transformer):
+        model = self.model
+        if emit_features and not isinstance(model, Transformer) and not model.settings.features:
             raise ValueError(
-                "emit_features (a draft head's input) needs the target on the torch runtime"
+                "emit_features (a draft head's input) needs the target on the torch runtime, or "
+                "on llama.cpp's engine with EngineSettings.features"
             )
         self.emit_features = emit_features
 
@@ -137,8 +140,7 @@ class TargetStage(ModelStage):
         index = torch.cat(
             [torch.arange(r, r + c) for r, c in zip(row_start, counts, strict=False)]
         ).to(hidden.device)
-        model = cast(Transformer, self.model)
-        outputs.target_features = model.final_norm(hidden[index]).float()
+        outputs.target_features = _final_norm_rows(self.model, hidden, index)
         outputs.feature_counts = torch.tensor(counts, dtype=torch.int32)
         outputs.feature_starts = torch.tensor(starts, dtype=torch.int32)
 
@@ -340,3 +342,11 @@ def pack_verify_batch(
         torch.tensor(first, dtype=torch.int64, device=device),
         torch.tensor(rows, dtype=torch.int64, device=device),
     )
+
+
+def _final_norm_rows(model: StageModel, ran: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The final norm's output [len(index), width] float32 at packed tokens `index`: the torch
+    runtime's from the last block's output `ran`, llama.cpp's from its embeddings output."""
+    if isinstance(model, Transformer):
+        return model.final_norm(ran[index]).float()
+    return model.features()[index.cpu()].float()

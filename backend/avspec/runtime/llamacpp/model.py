@@ -8,6 +8,11 @@ model, so a caller that keeps logits past that copies the rows it keeps (the sta
 which copies). The model's "hidden state" is its logits (`hidden=True` is accepted and changes
 nothing, `logits(x)` returns x): ggml computes the output layer itself, for the asked-for rows.
 
+With `EngineSettings.features` the context also returns llama.cpp's embeddings with no pooling:
+the last block's output after the final norm, what a draft head reads (the torch runtime's
+`final_norm(hidden)`). llama.cpp then outputs every token of a batch (its logits too, whatever
+`at` asks for), and `features()` holds the last call's [tokens, width] rows.
+
 The batch is the caller's buffers: token, position, sequence id and output flag are numpy
 arrays that a `llama_batch` points into, filled by vectorised assignment (no per-token call).
 `threads` (0: every core this process may run on) serve both single-token and batch graphs.
@@ -50,6 +55,8 @@ class EngineSettings:
     # the plain path multiplies by all of them (4-5x slower at 16-64 rows of 128 positions)
     flash_attention: bool = True
     unified: bool = True  # one KV pool for all sequences (else pool_tokens / max_sequences each)
+    # also return the final norm's output at every token (llama.cpp's embeddings, no pooling)
+    features: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_sequences <= 256:
@@ -91,6 +98,10 @@ class GGUFModel:
         params.n_batch = params.n_ubatch = settings.batch_tokens
         params.n_seq_max = settings.max_sequences
         params.n_outputs_max = settings.max_outputs
+        if settings.features:  # every token of a decode is an output then
+            params.embeddings = True
+            params.pooling_type = lib.LLAMA_POOLING_TYPE_NONE
+            params.n_outputs_max = max(settings.max_outputs, settings.batch_tokens)
         params.n_threads = params.n_threads_batch = settings.thread_count
         params.kv_unified = settings.unified  # one pool: sequences take the cells they use
         params.flash_attn_type = (
@@ -104,6 +115,8 @@ class GGUFModel:
             lib.llama_model_free(self._model)
             raise RuntimeError(f"{self.path}: llama.cpp could not create a context (see the log)")
         self._batch = _Batch(lib, settings.batch_tokens)
+        self.width = int(lib.llama_model_n_embd(self._model))
+        self._features = torch.empty(0, self.width)
         self.device = torch.device("cpu")
         logger.info(
             "llama.cpp %s: %d threads, KV pool %d cells shared by up to %d sequences "
@@ -159,9 +172,11 @@ class GGUFModel:
                 f"need one length >= 1 per seq id, got {len(seq_ids)} ids, lengths {lengths}"
             )
         total = sum(lengths)
-        wanted = np.ones(total, dtype=bool) if at is None else _outputs(at, total)
+        asked = None if at is None else _outputs(at, total)
+        # with features llama.cpp outputs every token
+        wanted = asked if asked is not None and not self.settings.features else np.ones(total, bool)
         count = int(wanted.sum())
-        if count > self.settings.max_outputs:
+        if count > self.settings.max_outputs and not self.settings.features:
             raise ValueError(
                 f"{count} logits rows asked for, past the context's {self.settings.max_outputs} "
                 "(max_outputs)"
@@ -172,7 +187,8 @@ class GGUFModel:
         offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
         tokens = input_ids.to(torch.int32).numpy()
         pos = (starts + offsets).astype(np.int32)
-        chunks = []
+        chunks: list[torch.Tensor] = []
+        features: list[torch.Tensor] = []
         try:
             for first in range(0, total, self.settings.batch_tokens):
                 part = slice(first, min(first + self.settings.batch_tokens, total))
@@ -180,16 +196,35 @@ class GGUFModel:
                 rows = int(wanted[part].sum())
                 if rows:
                     chunks.append(self._output_view(rows))
+                    if self.settings.features:
+                        features.append(self._features_view(rows))
                     if first + self.settings.batch_tokens < total:  # the next decode reuses it
                         chunks[-1] = chunks[-1].clone()
+                        features[-1:] = [f.clone() for f in features[-1:]]
         except BaseException:
             for (llama_id, start), _ in zip(places, lengths, strict=True):
                 self.binding.llama_memory_seq_rm(cache.memory, llama_id, start, -1)
             raise
         cache.advance(seq_ids, lengths)
+        if self.settings.features:
+            self._features = (
+                features[0]
+                if len(features) == 1
+                else torch.cat([torch.empty(0, self.width), *features])
+            )
+            if at is not None and chunks:  # every token got logits; keep the asked-for rows
+                return torch.cat(chunks)[at.to("cpu", torch.int64)]
         if not chunks:
             return torch.empty(0, self.vocab_size)
         return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
+    def features(self) -> torch.Tensor:
+        """The last `forward_cached` call's final-norm output at every packed token [tokens,
+        width] float32 (a view of llama.cpp's buffer, valid until the next call); needs
+        `EngineSettings.features`."""
+        if not self.settings.features:
+            raise ValueError(f"{self.path.name}: features need EngineSettings.features")
+        return self._features
 
     def _decode(
         self, tokens: np.ndarray, pos: np.ndarray, seq: np.ndarray, out: np.ndarray
@@ -210,6 +245,11 @@ class GGUFModel:
         """The last decode's logits [rows, vocab] as a view of llama.cpp's buffer."""
         pointer = self.binding.llama_get_logits(self._ctx)
         return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(rows, self.vocab_size)))
+
+    def _features_view(self, rows: int) -> torch.Tensor:
+        """The last decode's embeddings [rows, width] as a view of llama.cpp's buffer."""
+        pointer = self.binding.llama_get_embeddings(self._ctx)
+        return torch.from_numpy(np.ctypeslib.as_array(pointer, shape=(rows, self.width)))
 
     def close(self) -> None:
         """Free the context and the model (the object is unusable afterwards)."""

@@ -33,6 +33,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from avspec.runtime.head import is_head_dir
 from avspec.runtime.hf_files import GGUF_FILE
 from avspec.runtime.llamacpp.binding import cpu_key
 from avspec.serving.host.model_pair import (
@@ -62,7 +63,7 @@ class CostSetup:
 
     target_dir: Path
     draft_dir: Path
-    engine: str  # torch or llamacpp, both stages
+    engine: str  # torch or llamacpp, both stages (a draft head's is torch, whatever the target's)
     target_dtype: str  # the stages' dtype parameters (torch), e.g. "auto"
     draft_dtype: str
     precisions: str  # what they resolved to on this CPU, e.g. "bfloat16/bfloat16"
@@ -71,11 +72,18 @@ class CostSetup:
     draft_top_k: int
     gguf: str  # llamacpp: the target's GGUF file name (the draft's is model.gguf)
     flash_attention: bool  # llamacpp: ggml's flash attention
+    head: bool = False  # the draft is a head (avspec.runtime.head): on torch beside any target
+    head_threads: int = 1  # a head beside a llama.cpp target: its torch threads
 
     def files(self) -> list[Path]:
         """The files each stage loads, whose identity is part of the key."""
         if self.engine == "llamacpp":
-            return [self.target_dir / self.gguf, self.draft_dir / GGUF_FILE]
+            draft = (
+                sorted(self.draft_dir.glob("*.safetensors"))
+                if self.head
+                else [self.draft_dir / GGUF_FILE]
+            )
+            return [self.target_dir / self.gguf, *draft]
         return sorted(
             [*self.target_dir.glob("*.safetensors"), *self.draft_dir.glob("*.safetensors")]
         )
@@ -103,7 +111,10 @@ class CostSetup:
         if self.engine == "llamacpp":
             plain = [] if self.flash_attention else ["--no-flash-attention"]
             gguf = ["--target-gguf", self.gguf]
-            return [*command, "--engine-threads", str(self.threads), *gguf, *plain]
+            command += ["--engine-threads", str(self.threads), *gguf, *plain]
+            if self.head:  # the head's own runtime
+                command += ["--draft-dtype", self.draft_dtype, "--threads", str(self.head_threads)]
+            return command
         command += ["--dtype", self.target_dtype, "--draft-dtype", self.draft_dtype]
         return [*command, "--threads", str(self.threads or os.cpu_count())]
 
@@ -125,7 +136,8 @@ def cost_setup(
     stages = {role: stage_parameters(repository, role, overrides) for role in STAGES}
     target, draft = stages["target"], stages["draft"]
     engine = target.engine
-    if draft.engine != engine:
+    head = is_head_dir(pair.draft.directory)
+    if draft.engine != engine and not head:
         raise ValueError(
             f"cost tables: the draft runs {draft.engine!r} and the target {engine!r}; give "
             "--cost-tables FILE (measured with client/profile_costs.py) for a mixed pair"
@@ -143,6 +155,8 @@ def cost_setup(
         draft_top_k=draft.draft_top_k,
         gguf=target.gguf,
         flash_attention=target.flash_attention,
+        head=head,
+        head_threads=cpu_threads or os.cpu_count() or 1,
     )
 
 

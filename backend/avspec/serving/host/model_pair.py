@@ -263,8 +263,8 @@ def resolve_auto_engine(
     if "auto" not in wanted.values():
         return []
     gguf = served_parameters(repository, "target", overrides).get("gguf", GGUF_FILE)
-    files = [pair.draft.directory / GGUF_FILE, pair.target.directory / gguf]
-    engine, why = choose_engine(files)
+    files = {"draft": pair.draft.directory / GGUF_FILE, "target": pair.target.directory / gguf}
+    engine, why = choose_engine([files[role] for role in STAGES if wanted[role] == "auto"])
     for role in STAGES:
         if wanted[role] == "auto":
             overrides.setdefault(role, {})["engine"] = engine

@@ -66,18 +66,13 @@ def prepare_repository(
 
 
 def head_overrides(overrides: dict[str, dict[str, object]]) -> str:
-    """A draft head (avspec.runtime.head) reads the target's features: both stages on the torch
-    runtime, the target emitting them. Updates `overrides`; returns the line to print.
-    ValueError when a stage was asked for llama.cpp's engine (its target emits no features)."""
-    for role in ("draft", "target"):
-        if overrides.get(role, {}).get("engine") == "llamacpp":
-            raise ValueError(
-                f"a draft head serves on the torch runtime; the {role} was asked for llamacpp "
-                "(drop ENGINE=llamacpp, or serve the draft model)"
-            )
-        overrides.setdefault(role, {})["engine"] = "torch"
-    overrides["target"]["emit_features"] = "true"
-    return "avspec: draft head: both stages on torch, the target emits its features"
+    """A draft head (avspec.runtime.head) runs on the torch runtime and reads the target's
+    features: the draft stage on torch whatever engine was asked for (an engine setting names
+    the target's then), the target emitting its features on its own engine (torch, or llama.cpp's
+    embeddings output). Updates `overrides`; returns the line to print."""
+    overrides.setdefault("draft", {})["engine"] = "torch"
+    overrides.setdefault("target", {})["emit_features"] = "true"
+    return "avspec: draft head: the head on torch, the target emits its features"
 
 
 def served_settings(settings: ServeSettings, workdir: Path) -> ServeSettings:

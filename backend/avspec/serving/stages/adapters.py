@@ -202,6 +202,7 @@ def load_stage_model(params: StageParams, root: Path) -> tuple[StageModel | Draf
             threads=params.threads,
             max_length=params.max_length,
             flash_attention=params.flash_attention,
+            features=params.emit_features,  # a draft head reads the target's final-norm output
         )
         gguf = GGUFModel(resolve_path(model_dir, params.gguf), settings)
         return gguf, gguf.new_cache()

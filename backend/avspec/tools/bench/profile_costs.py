@@ -15,6 +15,7 @@ options); the launcher runs it at first start (avspec.serving.host.host_costs).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import platform
@@ -164,21 +165,31 @@ def load_pair(args: argparse.Namespace) -> tuple[Any, Any, str]:
     return target, draft, f"{args.target_dir} + {args.draft_dir} ({dtypes})"
 
 
-def _gguf_pair(args: argparse.Namespace) -> tuple[GGUFModel, GGUFModel, str]:
+def _gguf_pair(args: argparse.Namespace) -> tuple[GGUFModel, Any, str]:
     """Both directories' model.gguf on llama.cpp's engine, sized for the ladder (each size of
-    a ladder has sequences of its own, all cached at once)."""
+    a ladder has sequences of its own, all cached at once). A draft head runs on torch in
+    --draft-dtype, and the target is timed as it serves one: emitting its features (llama.cpp
+    then computes logits at every token)."""
     rows = max(sum(set(args.draft_rows)), sum(set(args.verify_batch_sizes)))
     widest = max(*args.draft_rows, *args.verify_batch_sizes)
     length = args.context + args.max_draft_tokens + 2
+    head = is_head_dir(args.draft_dir)
     settings = EngineSettings(
         max_sequences=rows, pool_tokens=rows * length,
         max_outputs=widest * (args.max_draft_tokens + 1), threads=args.engine_threads,
         flash_attention=args.flash_attention,
         max_length=length,
     )  # fmt: skip
-    target = GGUFModel(args.target_dir / args.target_gguf, settings)
-    draft = GGUFModel(args.draft_dir / GGUF_FILE, settings)
+    target = GGUFModel(
+        args.target_dir / args.target_gguf, dataclasses.replace(settings, features=head)
+    )
     threads = settings.thread_count
+    if head:
+        precision = resolve_precision(args.draft_dtype or "auto", args.device).dtype
+        layers = load_head_dir(args.draft_dir, args.device, precision).layers
+        what = f"{target.path} (llama.cpp, {threads} threads, features) + {args.draft_dir}"
+        return target, layers, f"{what} (torch, {precision})"
+    draft = GGUFModel(args.draft_dir / GGUF_FILE, settings)
     what = f"{target.path} + {draft.path} (llama.cpp, {threads} threads)"
     return target, draft, what
 

@@ -60,6 +60,23 @@ def test_the_key_follows_threads_engine_and_files(prepared, tmp_path: Path) -> N
         cost_setup(REPOSITORY, prepared, mixed, cpu_threads=1)
 
 
+def test_a_head_beside_a_llamacpp_target_is_keyed_by_its_own_files(tmp_path: Path) -> None:
+    """A draft head runs on torch beside a target on llama.cpp's engine: not a mixed pair to
+    refuse; its tensors key the tables and its torch threads and dtype reach the profiler."""
+    (tmp_path / "head").mkdir()
+    (tmp_path / "head" / "head.safetensors").write_bytes(b"x")
+    setup = host_costs.CostSetup(
+        target_dir=tmp_path, draft_dir=tmp_path / "head", engine="llamacpp", target_dtype="auto",
+        draft_dtype="auto", precisions="gguf", threads=2, max_draft_tokens=8, draft_top_k=0,
+        gguf="model.gguf", flash_attention=True, head=True, head_threads=1,
+    )  # fmt: skip
+    assert [f.name for f in setup.files()] == ["model.gguf", "head.safetensors"]
+    command = setup.profile_command(tmp_path / "x.json")
+    assert command[command.index("--engine") + 1] == "llamacpp"
+    assert command[command.index("--draft-dtype") + 1] == "auto"
+    assert command[command.index("--threads") + 1] == "1"
+
+
 def test_first_start_measures_then_reuses(prepared, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(host_costs, "LADDER", SMALL)
     given = overrides()

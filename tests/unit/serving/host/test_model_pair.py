@@ -29,7 +29,7 @@ from avspec.serving.host.model_pair import (  # noqa: E402
     prepare_pair,
     shared_pool_overrides,
 )
-from avspec.serving.host.served_repository import prepare_repository  # noqa: E402
+from avspec.serving.host.served_repository import head_overrides, prepare_repository  # noqa: E402
 from avspec.serving.host.settings import ServeSettings  # noqa: E402
 from avspec.serving.repository import StageParams, read_config_parameters  # noqa: E402
 
@@ -204,6 +204,16 @@ def test_launcher_sets_the_stage_dtypes_it_is_given(
     with pytest.raises(SystemExit):
         parse_args(["--model-repository", str(REPOSITORY), "--engine", "onnx"])
     capsys.readouterr()
+
+
+def test_a_draft_head_runs_on_torch_and_the_engine_setting_names_the_target() -> None:
+    overrides = stage_settings("--engine", "llamacpp")
+    assert "the head on torch" in head_overrides(overrides)
+    assert overrides == {"draft": {"engine": "torch"},
+                         "target": {"engine": "llamacpp", "emit_features": "true"}}  # fmt: skip
+    overrides = {}
+    head_overrides(overrides)
+    assert overrides == {"draft": {"engine": "torch"}, "target": {"emit_features": "true"}}
 
 
 def test_stage_dtype_by_device() -> None:
