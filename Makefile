@@ -203,8 +203,10 @@ draft-vocab: models/target/config.json ## rebuild the draft's reduced vocabulary
 
 # The default pair's model card (models/MODEL_CARD.md): acceptance by position, calibration and
 # the fitted estimator's ECE, the cost ratio from models/cost_tables.json, greedy samples;
-# 256 held-out chat contexts, one thread (about 5 minutes).
+# 256 held-out chat contexts; then the draft head (models/head, its costs in
+# models/head/cost_tables.json) beside the draft on the chat, code and general workloads at
+# temperature 0.7 and greedy. One thread (about 20 minutes).
 card: models/target/config.json models/draft/model.safetensors ## measure the default pair's model card (models/MODEL_CARD.md)
 	$(PY) -m avspec.tools.train.draft --only card --target models/target --out models/draft \
 		--card models/MODEL_CARD.md --cost-tables models/cost_tables.json --card-contexts 256 \
-		--seed 0 --threads 1
+		--seed 0 --threads 1 --card-head models/head

@@ -7,7 +7,8 @@
   second step on (its first has no features yet);
 - the head drafts what the dense head computes over the target's features: draft 1 of every
   step's row equals the dense head's distribution at the last committed position but one (an
-  entry shifted by one position fails);
+  entry shifted by one position fails), and the model card's `HeadDrafter` gives drafts 1 and 2
+  as the stage does;
 - a row whose features were lost (a failed step) drafts nothing and stays exact.
 
 Losslessness of the sampled path is tested in test_stage_lossless.py with the same head.
@@ -28,6 +29,7 @@ from avspec.engine.sequence import GenerationRequest
 from avspec.engine.step import SpeculativeStep, StepCapacity
 from avspec.runtime.head import DraftHead, new_head
 from avspec.runtime.transformer import Transformer
+from avspec.tools.train.head.drafter import HeadDrafter
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -125,8 +127,15 @@ def test_draft_one_is_the_dense_heads_distribution():
         logits = head.logits(guess)[:, None]
         q = warp_probs(logits, torch.tensor([0.7]), torch.tensor([0.9]))[0, 0]
         assert torch.allclose(drafted.draft_probs[0, 0].double(), q.double(), atol=1e-5)
+        # the model card's drafter (HeadDrafter) drafts as the stage does, at depth 2 too
+        card = HeadDrafter(head, target, None)
+        for depth in range(min(2, drafted.draft_probs.shape[1])):
+            chain = ids if depth == 0 else torch.cat([ids, drafted.draft_tokens[:, :1].long()], 1)
+            q = warp_probs(card(chain), torch.tensor([0.7]), torch.tensor([0.9]))[0, 0]
+            assert torch.allclose(drafted.draft_probs[0, depth].double(), q.double(), atol=1e-5)
+            checked += depth
         checked += 1
-    assert checked >= 2
+    assert checked >= 3
 
 
 def _last_hidden(model: Transformer, ids: torch.Tensor) -> torch.Tensor:

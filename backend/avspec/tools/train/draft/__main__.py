@@ -91,6 +91,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--card", type=Path, help="model card path (default <out>/MODEL_CARD.md)")
     parser.add_argument("--no-card", action="store_true", help="all phases but the card")
     parser.add_argument("--card-contexts", type=int, default=256, help="held-out chat contexts")
+    parser.add_argument(
+        "--card-head", type=Path, default=None,
+        help="a draft head directory to set beside the draft on the card (its cost file: "
+        "<dir>/cost_tables.json)",
+    )  # fmt: skip
     parser.add_argument("--cost-tables", type=Path, help="cost file of this pair, for the card")
     return parser.parse_args(argv)
 
@@ -159,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         card = args.card if args.card is not None else args.out / "MODEL_CARD.md"
         write_card(
             args.target, args.out, card, args.card_contexts, args.seed, args.cost_tables,
-            args.threads,
+            args.threads, args.card_head,
         )  # fmt: skip
         print(f"wrote {card}", file=sys.stderr)
 

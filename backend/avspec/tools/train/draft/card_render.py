@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from avspec.runtime.gguf.pins import SMOLLM2_135M_INSTRUCT
+from avspec.tools.train.draft.card_drafters import render_drafters
 from avspec.tools.train.draft.card_measure import (
     ANSWER_TOKENS,
     BINS,
@@ -51,6 +52,8 @@ def render_card(card: dict[str, Any], command: str) -> str:
     lines += _acceptance_section(card)
     lines += _calibration_section(card["calibration"])
     lines += _cost_section(card.get("cost"), command)
+    if "drafters" in card:
+        lines += ["", *render_drafters(card["drafters"])]
     lines += _samples_section(card["samples"])
     return "\n".join(lines) + "\n"
 

@@ -27,6 +27,7 @@ the served estimator's feature and the drafted token's acceptance probability
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,28 +183,31 @@ class DraftChains:
 
 @torch.no_grad()
 def draft_chain(
-    draft: nn.Module,
+    draft: Callable[[torch.Tensor], torch.Tensor],
     target: Transformer,
     context: torch.Tensor,
     depth: int,
     generator: torch.Generator | None = None,
+    warp_to: tuple[float, float] = (TEMPERATURE, TOP_P),
 ) -> tuple[torch.Tensor, ...]:
     """(accept, q_max, feature, ratio), each [depth], of one context [seq] int64 (`DraftChains`).
 
     The draft samples `depth` tokens from its warped q, full recompute, then the target runs
     once over the drafted context: the computation and the random draws of
     `avspec.tools.train.tiny.evaluate.acceptance_by_position` for one prompt, so `accept` equals
-    its result for the same generator."""
+    its result for the same generator. `warp_to`: (temperature, top-p) of p and q (temperature
+    0: greedy, q and p one-hot, so `accept` says whether the two argmaxes agree)."""
+    temperature, top_p = warp_to
     ids = context[None]
     qs, features = [], []
     for _ in range(depth):
         logits = draft(ids)[:, -1]  # (1, vocab)
-        q = warp(logits, TEMPERATURE, TOP_P)
-        features.append(logit_qmax(logits[:, None], TEMPERATURE)[0, 0])
+        q = warp(logits, temperature, top_p)
+        features.append(logit_qmax(logits[:, None], temperature)[0, 0])
         token = torch.multinomial(q, 1, generator=generator)
         qs.append(q[0])
         ids = torch.cat([ids, token], dim=1)
-    p = warp(target(ids[:, :-1])[:, len(context) - 1 :], TEMPERATURE, TOP_P)[0]  # (depth, vocab)
+    p = warp(target(ids[:, :-1])[:, len(context) - 1 :], temperature, top_p)[0]  # (depth, vocab)
     q = torch.stack(qs)  # (depth, vocab)
     drafted = ids[0, len(context) :, None]
     ratio = (p.gather(-1, drafted) / q.gather(-1, drafted))[:, 0].clamp(max=1.0)
@@ -212,12 +216,13 @@ def draft_chain(
 
 @torch.no_grad()
 def draft_chains(
-    draft: nn.Module,
+    draft: Callable[[torch.Tensor], torch.Tensor],
     target: Transformer,
     heldout: list[dict],
     depth: int = 4,
     contexts_per_sequence: int = 1,
     seed: int = 0,
+    warp_to: tuple[float, float] = (TEMPERATURE, TOP_P),
 ) -> DraftChains:
     """`draft_chain` from contexts ending inside held-out answers: each sequence (`ids`,
     `prompt_length`, `answer_length`, as `load_chunks` gives) cut after the prompt plus a
@@ -228,7 +233,7 @@ def draft_chains(
         for _ in range(contexts_per_sequence):
             cut = int(torch.randint(0, seq["answer_length"], (1,), generator=generator))
             context = seq["ids"][: seq["prompt_length"] + cut]
-            rows.append(draft_chain(draft, target, context, depth, generator))
+            rows.append(draft_chain(draft, target, context, depth, generator, warp_to))
     return DraftChains(*(torch.stack(column) for column in zip(*rows, strict=True)))
 
 

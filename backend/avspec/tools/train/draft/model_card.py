@@ -21,7 +21,9 @@ setting (temperature 0.7, top-p 0.95). Sections:
   on the labels of the even contexts, and its reliability table and ECE on the odd ones;
 - cost ratio: a target step against a draft pass over the same rows, from a cost-tables file
   (`avspec.av.cost_file`), only when the file was measured on this pair;
-- greedy answers of both models to a few chat prompts.
+- greedy answers of both models to a few chat prompts;
+- with `--card-head DIR`, a draft head beside the draft on the same workload contexts
+  (`card_drafters`).
 
 The card starts with the command that regenerates it (`card_command`).
 
@@ -48,6 +50,7 @@ import torch
 from avspec.engine.draft_vocab import DRAFT_VOCAB_AUTO, resolve_draft_vocab
 from avspec.runtime.model_dir import load_model, load_tokenizer
 from avspec.tools.train.draft.card_cost import cost_section
+from avspec.tools.train.draft.card_drafters import WORKLOAD_DIR, drafters, measure_drafters
 from avspec.tools.train.draft.card_measure import (
     ANSWER_TOKENS,
     CONTEXTS,
@@ -76,6 +79,7 @@ def card_command(
     seed: int = 0,
     threads: int = 1,
     cost_tables: Path | str | None = None,
+    head: Path | str | None = None,
 ) -> str:
     """The shell command that regenerates a card (`python -m avspec.tools.train.draft
     --only card`)."""
@@ -84,6 +88,8 @@ def card_command(
     parts += ["--seed", str(seed), "--threads", str(threads)]
     if cost_tables is not None:
         parts += ["--cost-tables", str(cost_tables)]
+    if head is not None:
+        parts += ["--card-head", str(head)]
     return shlex.join(parts)
 
 
@@ -93,8 +99,11 @@ def measure_card(
     contexts: int = CONTEXTS,
     seed: int = 0,
     cost_tables: Path | str | None = None,
+    head: Path | str | None = None,
 ) -> dict[str, Any]:
-    """Every figure of the card (plain data; `render_card` writes it)."""
+    """Every figure of the card (plain data; `render_card` writes it). With `head` (a draft
+    head's directory, its cost file `cost_tables.json` beside it) the card also sets it beside
+    the draft (`card_drafters`)."""
     begin = time.perf_counter()
     target_dir, draft_dir = Path(target_dir), Path(draft_dir)
     # The cost file first: a malformed one fails before minutes of measuring.
@@ -136,6 +145,14 @@ def measure_card(
     }
     if cost is not None:
         card["cost"] = cost
+    if head is not None:
+        head = Path(head)
+        paths = {"workloads": WORKLOAD_DIR, "target": target_dir, "draft": draft_dir, "head": head,
+                 "head_costs": head / "cost_tables.json"}  # fmt: skip
+        if cost_tables is not None:
+            paths["draft_costs"] = Path(cost_tables)
+        models = drafters(target, draft, draft_dir, head)
+        card["drafters"] = measure_drafters(target, tokenizer, models, paths, seed=seed)
     card["seconds"] = time.perf_counter() - begin
     return card
 
@@ -148,10 +165,12 @@ def write_card(
     seed: int = 0,
     cost_tables: Path | str | None = None,
     threads: int = 1,
+    head: Path | str | None = None,
 ) -> dict[str, Any]:
-    """Measure the pair and write its card to `out`; returns the measurements."""
-    card = measure_card(target_dir, draft_dir, contexts, seed, cost_tables)
-    command = card_command(target_dir, draft_dir, out, contexts, seed, threads, cost_tables)
+    """Measure the pair (and `head` beside it) and write its card to `out`; returns the
+    measurements."""
+    card = measure_card(target_dir, draft_dir, contexts, seed, cost_tables, head)
+    command = card_command(target_dir, draft_dir, out, contexts, seed, threads, cost_tables, head)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_card(card, command), encoding="utf-8")

@@ -134,7 +134,7 @@ def test_acceptance_equals_an_independent_recomputation(pair):
     assert [r["se"] for r in table] == pytest.approx(se, abs=1e-6)
 
 
-def _unwarped_chain(draft, target, context, depth, generator=None):
+def _unwarped_chain(draft, target, context, depth, generator=None, warp_to=None):
     """`evaluate.draft_chain` with the bug to catch: the draft samples and scores its raw
     distribution (temperature 1, no top-p) while the target's is warped."""
     ids, qs = context[None], []
