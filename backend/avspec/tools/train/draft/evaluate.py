@@ -50,21 +50,27 @@ def load_chunks(directory: Path | str) -> list[dict]:
     `kind`, and `features` [len(ids), width] float16 where the chunk holds the target's."""
     sequences = []
     for path in sorted(Path(directory).glob("chunk_*.pt")):
-        chunk = torch.load(path, weights_only=True)
-        for i, kind in enumerate(chunk["kinds"]):
-            prompt, answer = chunk["prompt"][i].long(), chunk["answer"][i].long()
-            sequences.append(
-                {
-                    "ids": torch.cat([prompt, answer[:-1]]),
-                    "answer": answer,
-                    "prompt_length": len(prompt),
-                    "answer_length": len(answer),
-                    "top_ids": chunk["top_ids"][i],
-                    "top_logits": chunk["top_logits"][i],
-                    "kind": kind,
-                }
-                | ({"features": chunk["features"][i]} if "features" in chunk else {})
-            )
+        sequences += chunk_sequences(torch.load(path, weights_only=True))
+    return sequences
+
+
+def chunk_sequences(chunk: dict[str, Any]) -> list[dict]:
+    """The sequences of one loaded chunk file, as `load_chunks` gives them."""
+    sequences = []
+    for i, kind in enumerate(chunk["kinds"]):
+        prompt, answer = chunk["prompt"][i].long(), chunk["answer"][i].long()
+        sequences.append(
+            {
+                "ids": torch.cat([prompt, answer[:-1]]),
+                "answer": answer,
+                "prompt_length": len(prompt),
+                "answer_length": len(answer),
+                "top_ids": chunk["top_ids"][i],
+                "top_logits": chunk["top_logits"][i],
+                "kind": kind,
+            }
+            | ({"features": chunk["features"][i]} if "features" in chunk else {})
+        )
     return sequences
 
 

@@ -65,10 +65,12 @@ class HeadTraining:
 
 def head_loss(
     head: DraftHead, batch: HeadBatch, depth: int, kept: torch.Tensor, slots: torch.Tensor,
-    feature_weight: float,
+    feature_weight: float, inputs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:  # fmt: skip
-    """The summed loss of a batch over depths, and its parts per depth (for the log)."""
-    guesses = unroll(head, batch.features, batch.tokens, depth)
+    """The summed loss of a batch over depths, and its parts per depth (for the log).
+    `inputs`: the depth-1 input features in place of `batch.features` (e.g. several of the
+    target's layers fused, EAGLE-3); the guesses are still scored on the target's next feature."""
+    guesses = unroll(head, batch.features if inputs is None else inputs, batch.tokens, depth)
     rows = head.layers.embed.weight[kept]
     target = batch.next_features
     top_ids = slots[batch.top_ids]
