@@ -2,11 +2,15 @@
 client/bench_serving.py): accepted per verified draft token and tokens/s, head over draft.
 
     .venv/bin/python bench/drafters/served_table.py > bench/drafters/served.txt
+    .venv/bin/python bench/drafters/served_table.py llamacpp_ > bench/drafters/served_llamacpp.txt
+
+An argument names the sweeps' directory prefix (`llamacpp_`: the target on llama.cpp's engine).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -18,7 +22,8 @@ def points(kind: str) -> dict[tuple[str, int, str], dict]:
 
 
 def main() -> None:
-    draft, head = points("draft"), points("head")
+    prefix = sys.argv[1] if len(sys.argv) > 1 else ""
+    draft, head = points(f"{prefix}draft"), points(f"{prefix}head")
     print(f"{'workload':<9} {'conc':>4} {'arm':>4}  {'acc/verified draft':>18} {'head':>6}  "
           f"{'tok/s draft':>11} {'head':>6} {'head/draft':>10}")  # fmt: skip
     for key in sorted(draft):
