@@ -2,6 +2,7 @@
 and the AUC of logit(q_max), temperature 0.7 / top-p 0.95, p from the target's saved top-64 logits.
 
     .venv/bin/python bench/drafters/side_by_side.py > bench/drafters/side_by_side.txt
+    .venv/bin/python bench/drafters/side_by_side.py build/draft-samedata   # another draft model
 
 Reads build/drafter-data (`make draft-head`'s data phase): heldout (chat prompts of the draft
 pipeline's sources, rows held out), heldout_raw (code / prose continuations), heldout_general (the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -44,8 +46,10 @@ def main() -> None:
     target = load_model("models/target", max_length=1024)
     head, _ = load_head("models/head", target)
     head_kept = torch.tensor(load_draft_vocab("models/head/draft_vocab.json", 49152).token_ids)
-    draft = load_model("models/draft", max_length=1024)
-    vocab = load_draft_vocab("models/draft/draft_vocab.json", draft.config.vocab_size)
+    draft_dir = Path(sys.argv[1] if len(sys.argv) > 1 else "models/draft")
+    print(f"# draft model: {draft_dir}; head: models/head")
+    draft = load_model(draft_dir, max_length=1024)
+    vocab = load_draft_vocab(draft_dir / "draft_vocab.json", draft.config.vocab_size)
     served = served_draft(draft, vocab)
     print(f"{'set':<16} {'seqs':>5} {'positions':>9}  {'draft acc1':>10} {'draft auc':>9}"
           f"  {'head acc1/2/3':>20} {'head auc1/2/3':>20}")  # fmt: skip
