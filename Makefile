@@ -7,7 +7,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: help venv llamacpp test unit lint format clean repository serve models tiny-models workloads bench soak costs draft draft-head draft-vocab card
+.PHONY: help venv llamacpp test unit lint format clean repository serve models tiny-models workloads bench soak costs draft draft-head draft-same-data draft-vocab card
 
 # `make` alone: every target with its line (the `## ` comment after the target).
 help:
@@ -193,6 +193,16 @@ draft: models/target/config.json ## train the draft for SmolLM2 (resumable, unde
 		--out models/draft --init-from build/draft-base --train-prompts 1024 --raw-prompts 1024 \
 		--minutes $(FINETUNE_MINUTES) --lr 3e-4 --card models/MODEL_CARD.md \
 		--cost-tables models/cost_tables.json
+# The committed draft went one step further: SAME_DATA_MINUTES more on the head's data
+# (build/drafter-data, `make draft-head`'s data phase, Magpie prompts included), so that the two
+# drafters are compared on the same data; held-out general chat rose from 0.252 to 0.330 with it.
+SAME_DATA_MINUTES ?= 60
+draft-same-data: models/target/config.json ## fine-tune models/draft on the head's data (after make draft-head; 60 minutes)
+	nice -n 10 $(PY) -m avspec.tools.train.draft $(DRAFT_ARGS) --work build/drafter-data \
+		--out models/draft --init-from models/draft --only train --lr 3e-4 \
+		--minutes $(SAME_DATA_MINUTES)
+	$(PY) -m avspec.tools.train.draft --target models/target --work build/drafter-data \
+		--out models/draft --only report
 # The default draft's reduced vocabulary (models/draft/draft_vocab.json, served by the draft's
 # `draft_vocab: auto`): the 8,192 ids the target writes most in the draft's training answers, ties
 # by its top-64 mass, plus the special and chat-template ids. Needs the draft's data
