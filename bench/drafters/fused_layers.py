@@ -3,6 +3,8 @@
     .venv/bin/python bench/drafters/fused_layers.py features          # ~10 min, one thread
     .venv/bin/python bench/drafters/fused_layers.py train --arm eagle1 --minutes 25 &
     .venv/bin/python bench/drafters/fused_layers.py train --arm fused --minutes 25
+    .venv/bin/python bench/drafters/fused_layers.py train --arm no-ttt --minutes 12 --tag -12 &
+    .venv/bin/python bench/drafters/fused_layers.py train --arm eagle1 --minutes 12 --tag -12
     .venv/bin/python bench/drafters/fused_layers.py report > bench/drafters/fused_layers.txt
 
 `features`: for the TRAIN_CHUNKS chunks of build/drafter-data/train (all) and the held-out sets,
@@ -17,6 +19,9 @@ then cosine). `eagle1` feeds the head the high feature, as served today; `fused`
 W [low ; mid ; high], W a 3 x width -> width linear started as the identity on the high third,
 so both arms start as the same head and differ only by what the fusion learns. At depth 2 and
 deeper both feed back the head's own guess (as EAGLE-3 does).
+
+`no-ttt` is `eagle1` trained at depth 1 only, without the training-time test: what the
+test buys at depths 2-3.
 
 `report`: teacher-forced acceptance at depths 1-3 and AUC of logit(q_max) on the held-out sets
 (`avspec.tools.train.head.evaluate.head_outcomes`), both arms and the starting head.
@@ -50,6 +55,7 @@ LOW, MID = 2, 14  # blocks of the 30-layer target whose outputs are fused with t
 TRAIN_CHUNKS = 6  # all of them
 HELDOUT = ("heldout", "heldout_general")
 LR, TOKENS_PER_BATCH, DEPTH, FEATURE_WEIGHT = 3e-4, 2048, 3, 0.1
+ARMS = ("eagle1", "fused", "no-ttt")  # no-ttt: eagle1 trained at depth 1 (no training-time test)
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:
@@ -133,7 +139,12 @@ def arm_path(arm: str) -> Path:
     return OUT / f"{arm}.pt"
 
 
-def train(arm: str, minutes: float) -> None:
+def saved_arms() -> list[str]:
+    """The arms trained so far (`<arm>.pt`, or `<arm>-<minutes>.pt` for a shorter run)."""
+    return sorted(p.stem for p in OUT.glob("*.pt"))
+
+
+def train(arm: str, minutes: float, tag: str = "") -> None:
     torch.set_num_threads(1)
     target = load_model(ROOT / "models/target", max_length=1024)
     vocab = load_draft_vocab(ROOT / "models/head/draft_vocab.json", target.config.vocab_size)
@@ -155,7 +166,8 @@ def train(arm: str, minutes: float) -> None:
                 g["lr"] = lr_at(elapsed / budget, LR)
             batch = head_batch(group)
             inputs = None if fuse is None else fused_inputs(fuse, group, batch.features.shape[1])
-            loss, _ = head_loss(head, batch, DEPTH, kept, slots, FEATURE_WEIGHT, inputs)
+            depth = 1 if arm == "no-ttt" else DEPTH
+            loss, _ = head_loss(head, batch, depth, kept, slots, FEATURE_WEIGHT, inputs)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -169,7 +181,7 @@ def train(arm: str, minutes: float) -> None:
     bar.close()
     state = {k: v for k, v in head.state_dict().items() if k != "layers.embed.weight"}
     torch.save({"head": state, "fuse": None if fuse is None else fuse.state_dict(),
-                "steps": step, "minutes": minutes}, arm_path(arm))  # fmt: skip
+                "steps": step, "minutes": minutes}, arm_path(arm + tag))  # fmt: skip
 
 
 @torch.no_grad()
@@ -183,9 +195,7 @@ def report() -> None:
     target = load_model(ROOT / "models/target", max_length=1024)
     kept = torch.tensor(load_draft_vocab(ROOT / "models/head/draft_vocab.json", 49152).token_ids)
     arms: dict[str, dict | None] = {"start (models/head)": None}
-    arms |= {
-        arm: torch.load(arm_path(arm)) for arm in ("eagle1", "fused") if arm_path(arm).is_file()
-    }
+    arms |= {arm: torch.load(arm_path(arm)) for arm in saved_arms()}
     for name in HELDOUT:
         sequences = load_set(name)
         print(f"\n{name}: {len(sequences)} sequences")
@@ -211,13 +221,14 @@ def report() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("phase", choices=("features", "train", "report"))
-    parser.add_argument("--arm", choices=("eagle1", "fused"))
+    parser.add_argument("--arm", choices=ARMS)
     parser.add_argument("--minutes", type=float, default=25.0)
+    parser.add_argument("--tag", default="", help="saved as <arm><tag>.pt (e.g. -12)")
     args = parser.parse_args()
     if args.phase == "features":
         write_features()
     elif args.phase == "train":
-        train(args.arm, args.minutes)
+        train(args.arm, args.minutes, args.tag)
     else:
         report()
 
