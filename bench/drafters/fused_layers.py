@@ -45,7 +45,7 @@ from avspec.runtime.head import load_head
 from avspec.runtime.model_dir import load_model
 from avspec.tools.train.draft.evaluate import chunk_sequences, logit, soft_auc
 from avspec.tools.train.draft.train import batches, kept_slots, lr_at
-from avspec.tools.train.head.batch import head_batch, trimmed
+from avspec.tools.train.head.batch import PROMPT_CONTEXT, head_batch, trimmed
 from avspec.tools.train.head.evaluate import head_outcomes
 from avspec.tools.train.head.train import head_loss
 
@@ -125,7 +125,7 @@ def dense(sequences: list[dict], key: str, length: int) -> torch.Tensor:
 
 def trimmed_all(sequence: dict) -> dict:
     """`batch.trimmed` applied to low and mid too (they share the ids' positions)."""
-    cut = max(0, len(sequence["ids"]) - len(trimmed(sequence)["ids"]))
+    cut = max(0, sequence["prompt_length"] - PROMPT_CONTEXT)
     return trimmed(sequence) | {"low": sequence["low"][cut:], "mid": sequence["mid"][cut:]}
 
 

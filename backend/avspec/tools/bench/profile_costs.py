@@ -155,14 +155,19 @@ def load_pair(args: argparse.Namespace) -> tuple[Any, Any, str]:
         return _gguf_pair(args)
     target = load_served_model(args.target_dir, args.device, args.dtype)
     draft_dtype = args.draft_dtype or args.dtype
-    if is_head_dir(args.draft_dir):  # a draft head: its pass timed as its one block's (the
-        # fc's 2 x width -> width product left out) over the same output layer
-        precision = resolve_precision(draft_dtype, args.device).dtype
-        draft = load_head_dir(args.draft_dir, args.device, precision).layers
+    if is_head_dir(args.draft_dir):
+        draft = _head_layers(args, draft_dtype)
     else:
         draft = load_served_model(args.draft_dir, args.device, draft_dtype)
     dtypes = args.dtype if draft_dtype == args.dtype else f"{args.dtype} / {draft_dtype}"
     return target, draft, f"{args.target_dir} + {args.draft_dir} ({dtypes})"
+
+
+def _head_layers(args: argparse.Namespace, dtype: str) -> Transformer:
+    """A draft head's one-block transformer on torch in `dtype`: its pass is timed as that
+    block's (the fc's 2 x width -> width product left out) over the same output layer."""
+    precision = resolve_precision(dtype, args.device).dtype
+    return load_head_dir(args.draft_dir, args.device, precision).layers
 
 
 def _gguf_pair(args: argparse.Namespace) -> tuple[GGUFModel, Any, str]:
@@ -185,10 +190,9 @@ def _gguf_pair(args: argparse.Namespace) -> tuple[GGUFModel, Any, str]:
     )
     threads = settings.thread_count
     if head:
-        precision = resolve_precision(args.draft_dtype or "auto", args.device).dtype
-        layers = load_head_dir(args.draft_dir, args.device, precision).layers
+        layers = _head_layers(args, args.draft_dtype or "auto")
         what = f"{target.path} (llama.cpp, {threads} threads, features) + {args.draft_dir}"
-        return target, layers, f"{what} (torch, {precision})"
+        return target, layers, f"{what} (torch, {args.draft_dtype or 'auto'})"
     draft = GGUFModel(args.draft_dir / GGUF_FILE, settings)
     what = f"{target.path} + {draft.path} (llama.cpp, {threads} threads)"
     return target, draft, what
