@@ -44,6 +44,7 @@ from avspec.tools.bench.frontier import (
     frontier_by_concurrency,
     goal_checks,
     mark_frontier,
+    plot_frontier,
     summarize_arm,
 )
 from avspec.tools.bench.step_breakdown import step_breakdown
@@ -202,13 +203,16 @@ def sweep(
         run_phase(client, prompts[args.workloads[0]], av[0], c, args.warmup_requests, "warmup")
     runs: dict[tuple[str, int, str], tuple[list[RequestRecord], float]] = {}
     scrapes: dict[tuple[str, int, str], list[tuple[Samples, Samples]]] = {}
+    windows: dict[tuple[str, int, str], list[list[float]]] = {}  # wall clock, for step logs
     with tqdm(total=total, desc="bench", unit="req", file=sys.stderr) as bar:
         for n, (w, c, r, arm) in enumerate(phases):
             bar.set_postfix_str(f"{w} c={c} {arm.name} round {r + 1}")
             before = scrape(metrics_url) if metrics_url else None
+            opened = time.time()
             records, wall = run_phase(
                 client, prompts[w], arm, c, requests_per_phase(args, c), f"p{n}", bar
             )
+            windows.setdefault((w, c, arm.name), []).append([opened, time.time()])
             if before is not None:
                 scrapes.setdefault((w, c, arm.name), []).append((before, scrape(metrics_url)))
             old_records, old_wall = runs.get((w, c, arm.name), ([], 0.0))
@@ -227,6 +231,7 @@ def sweep(
                 "drafting": arm.drafting,
                 **summarize_arm(records, wall),
                 **phase_breakdown(scrapes.get((w, c, name), [])),
+                "windows": windows[(w, c, name)],
             }
         )
     mark_frontier(points)
@@ -269,8 +274,8 @@ def write_outputs(out: Path, args: argparse.Namespace, arms: list[Arm], points: 
     document = {"config": config, "points": points, "goals": goals}
     (out / "points.json").write_text(json.dumps(document, indent=1) + "\n")
     with (out / "points.csv").open("w", newline="") as f:
-        fields = list(dict.fromkeys(key for p in points for key in p))
-        writer = csv.DictWriter(f, fieldnames=fields)
+        fields = [k for k in dict.fromkeys(key for p in points for key in p) if k != "windows"]
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(points)
     for w in args.workloads:
@@ -278,33 +283,6 @@ def write_outputs(out: Path, args: argparse.Namespace, arms: list[Arm], points: 
     text = summary_text(args, points, goals, av)
     (out / "summary.txt").write_text(text)
     return text
-
-
-def plot_frontier(path: Path, workload: str, points: list[dict], av: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    group = [p for p in points if p["workload"] == workload]
-    fig, ax = plt.subplots(figsize=(7, 5))
-    for arm in dict.fromkeys(p["arm"] for p in group):
-        pts = sorted((p for p in group if p["arm"] == arm), key=lambda p: p["concurrency"])
-        style = {"color": "red", "linewidth": 2.5, "zorder": 3} if arm == av else {"alpha": 0.6}
-        ax.plot([p[X_KEY] for p in pts], [p[Y_KEY] for p in pts], marker="o", label=arm, **style)
-        if arm == av:
-            for p in pts:
-                ax.annotate(f"c={p['concurrency']}", (p[X_KEY], p[Y_KEY]), fontsize=7)
-    front = sorted((p for p in group if p.get("on_frontier")), key=lambda p: p[X_KEY])
-    ax.plot([p[X_KEY] for p in front], [p[Y_KEY] for p in front], "k--", lw=1, label="frontier")
-    ax.set_xlabel("tokens/s per user (interactivity)")
-    ax.set_ylabel("output tokens/s")
-    ax.set_title(f"{workload}: throughput vs interactivity ({av} in red)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def summary_text(args: argparse.Namespace, points: list[dict], goals: dict, av: str) -> str:
@@ -382,6 +360,8 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> tuple[str, str]:
     overrides: dict[str, dict[str, object]] = {"verifier": {"snapshot_path": snapshot}}
     if args.cost_tables is not None:
         overrides["verifier"]["cost_tables"] = args.cost_tables.resolve()
+    if args.step_log:
+        overrides["verifier"]["step_log"] = (work / "step_log.jsonl").resolve()
     for model, directory in (("target", args.target_dir), ("draft", args.draft_dir)):
         if directory is not None:
             overrides[model] = {"model_dir": directory.resolve()}
@@ -448,6 +428,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-requests", type=int, default=4, help="per phase at least")
     p.add_argument("--warmup-requests", type=int, default=64, help="AV requests, not measured")
     p.add_argument("--request-timeout", type=float, default=300.0, help="s without a response")
+    p.add_argument(
+        "--step-log", action="store_true",
+        help="with --start-server: the verifier logs every step to OUT/server/step_log.jsonl (each "
+        "point keeps its phases' wall-clock windows) for client/replay_steps.py",
+    )  # fmt: skip
     p.add_argument("--out", type=Path, required=True, help="output directory")
     args = p.parse_args(argv)
     args.concurrency = sorted({int(c) for c in args.concurrency.split(",") if c})

@@ -113,6 +113,11 @@ class CostRefresh:
         if self.steps % self.every == 0:
             self._refresh()
 
+    def refresh_now(self) -> None:
+        """Rewrite the StepCost from the window now, as every `every` steps does (replays fit
+        a cost to a whole recording this way: a window and `every` longer than it)."""
+        self._refresh()
+
     def report(self) -> dict[str, Any]:
         """Predicted vs observed step ms over the window (None where there is no data).
 

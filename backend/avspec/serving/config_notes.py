@@ -86,6 +86,7 @@ PARAMETER_NOTES: dict[str, str] = {
     "cost_refresh_window": "steps of measurements the refresh keeps",
     "cost_refresh_every": "steps between refreshes",
     "pair_id": "identity of the served draft/target pair (warm start; empty: unknown)",
+    "step_log": "JSON lines of each step's features and choice, for replays (empty: off)",
     # speculative (avspec.serving.repository.EntryParams)
     "max_batch_size": "live sequences stepped together; more wait in a queue",
     "max_context": "prompt + max_tokens + K must fit",

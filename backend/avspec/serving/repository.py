@@ -32,7 +32,7 @@ from avspec.serving import pbtxt
 T = TypeVar("T")
 
 # Parameters holding a path, resolved against the project root.
-PATH_PARAMETERS = ("model_dir", "cost_tables", "snapshot_path")
+PATH_PARAMETERS = ("model_dir", "cost_tables", "snapshot_path", "step_log")
 # The verifier's cost_tables that the launcher replaces by this host's measured file
 # (avspec.serving.host.host_costs): a word, not a path.
 HOST_COST_TABLES = "host"
@@ -141,6 +141,7 @@ class VerifierParams:
     cost_refresh_window: int = 64  # steps of measurements the refresh keeps
     cost_refresh_every: int = 16  # steps between refreshes
     pair_id: str = ""  # identity of the served draft/target pair (warm start); "": unknown
+    step_log: str = ""  # JSON lines of every step's inputs and choice (avspec.av.step_log); "": off
 
 
 @dataclass(frozen=True)

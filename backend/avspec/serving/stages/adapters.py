@@ -31,6 +31,7 @@ from avspec.av.snapshot import (
     snapshot_pair,
 )
 from avspec.av.step_cost import StepCost
+from avspec.av.step_log import StepLog
 from avspec.av.verifier import AdaptiveVerifier, VerifyDecision
 from avspec.config import EstimatorConfig
 from avspec.contract import FEATURE_OUTPUTS, VerifierInputs, base_tokens
@@ -301,6 +302,8 @@ class VerifierAdapter:
             self.estimator, cost, refresh=self.refresh, drafting=params.adaptive_drafting
         )
         self.device = self.estimator.device
+        log = resolve_path(root, params.step_log) if params.step_log else None
+        self.step_log = StepLog(log) if log is not None else None
 
     def __call__(self, tensors: Tensors) -> tuple[dict[str, torch.Tensor], VerifierStepStats]:
         """One verifier step; num_verify [batch] int32 stays on the estimator's device.
@@ -317,20 +320,21 @@ class VerifierAdapter:
         prev_num_accepted = on_device("prev_num_accepted", torch.int32)
         num_drafted = on_device("num_drafted", torch.int32)
         refits = self.estimator.num_refits
-        decision = self.verifier.step(
-            VerifierInputs(
-                seq_ids=tensors["seq_ids"].cpu().long(),
-                features=on_device("draft_features", torch.float32),
-                num_draft_tokens=on_device("num_draft_tokens", torch.int32),
-                adaptive=on_device("adaptive", torch.bool),
-                prev_num_accepted=prev_num_accepted,
-                release_seq_ids=tensors["release_seq_ids"].cpu().long(),
-                base_tokens=base_tokens(tensors["input_lengths"].cpu(), tensors["reusable"].cpu()),
-                num_drafted=num_drafted,
-                adaptive_drafting=on_device("adaptive_drafting", torch.bool),
-                prev_timing_ms=tensors["prev_timing_ms"].cpu().float(),
-            )
+        inputs = VerifierInputs(
+            seq_ids=tensors["seq_ids"].cpu().long(),
+            features=on_device("draft_features", torch.float32),
+            num_draft_tokens=on_device("num_draft_tokens", torch.int32),
+            adaptive=on_device("adaptive", torch.bool),
+            prev_num_accepted=prev_num_accepted,
+            release_seq_ids=tensors["release_seq_ids"].cpu().long(),
+            base_tokens=base_tokens(tensors["input_lengths"].cpu(), tensors["reusable"].cpu()),
+            num_drafted=num_drafted,
+            adaptive_drafting=on_device("adaptive_drafting", torch.bool),
+            prev_timing_ms=tensors["prev_timing_ms"].cpu().float(),
         )
+        decision = self.verifier.step(inputs)
+        if self.step_log is not None:
+            self.step_log.append(inputs, decision.num_verify, int(decision.budget))
         refitted = self.estimator.num_refits != refits
         if refitted:
             self.save_snapshot()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -184,4 +185,64 @@ def goal_checks(
         "av_on_frontier": av_on,
         "av_on_frontier_count": len(av_on),
         "concurrencies": len(levels),
+    }
+
+
+def plot_frontier(
+    path: Path, workload: str, points: list[dict[str, Any]], av: str, note: str = ""
+) -> None:
+    """Throughput against interactivity, one line per arm over concurrency (`av` in red, its
+    concurrencies labelled), the frontier dashed; `note` ends the title (e.g. "modelled")."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    group = [p for p in points if p["workload"] == workload]
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for arm in dict.fromkeys(p["arm"] for p in group):
+        pts = sorted((p for p in group if p["arm"] == arm), key=lambda p: p["concurrency"])
+        style = {"color": "red", "linewidth": 2.5, "zorder": 3} if arm == av else {"alpha": 0.6}
+        ax.plot([p[X_KEY] for p in pts], [p[Y_KEY] for p in pts], marker="o", label=arm, **style)
+        if arm == av:
+            for p in pts:
+                ax.annotate(f"c={p['concurrency']}", (p[X_KEY], p[Y_KEY]), fontsize=7)
+    front = sorted((p for p in group if p.get("on_frontier")), key=lambda p: p[X_KEY])
+    ax.plot([p[X_KEY] for p in front], [p[Y_KEY] for p in front], "k--", lw=1, label="frontier")
+    ax.set_xlabel("tokens/s per user (interactivity)")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(f"{workload}: throughput vs interactivity ({av} in red){note}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+SAME_LENGTH_GOAL, BEST_ARM_GOAL = 1.20, 0.98
+
+
+def set_and_forget_goals(
+    points: list[dict[str, Any]], workload: str, kmax: int = 8
+) -> dict[str, Any]:
+    """The served goals of set-and-forget AV for one workload: at each concurrency, av<kmax>
+    over k<kmax> (the same draft length; goal >= SAME_LENGTH_GOAL from HIGH_CONCURRENCY on)
+    and ad<kmax> over the best other arm, no speculation included (goal >= BEST_ARM_GOAL at
+    every concurrency). Missing arms give NaN ratios (and fail the goal)."""
+    table = {
+        (p["concurrency"], p["arm"]): float(p[Y_KEY]) for p in points if p["workload"] == workload
+    }
+    levels = sorted({c for c, _ in table})
+    av, ad, fixed = f"av{kmax}", f"ad{kmax}", f"k{kmax}"
+    same, best = {}, {}
+    for c in levels:
+        same[c] = table.get((c, av), math.nan) / table.get((c, fixed), math.nan)
+        others = [v for (cc, arm), v in table.items() if cc == c and arm != ad]
+        best[c] = table.get((c, ad), math.nan) / max(others) if others else math.nan
+    high = [same[c] for c in levels if c >= HIGH_CONCURRENCY]
+    return {
+        "av_over_k": {str(c): r for c, r in same.items()},
+        "ad_over_best_arm": {str(c): r for c, r in best.items()},
+        "same_length_goal_met": bool(high) and all(r >= SAME_LENGTH_GOAL for r in high),
+        "best_arm_goal_met": bool(best) and all(r >= BEST_ARM_GOAL for r in best.values()),
     }

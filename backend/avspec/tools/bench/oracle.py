@@ -84,10 +84,29 @@ def oracle_bound(
     of drafting and verifying min(k, n_r) drafts of every request, k = 0..positions.
     """
     positions = recorded.features.shape[1]
-    if estimator is None:
-        estimator = AcceptanceEstimator(config or EstimatorConfig(num_positions=positions))
     totals = {arm: [0.0, 0.0] for arm in ("fixed", "oracle", "av", "av_drafting")}
     by_k = [[0.0, 0.0] for _ in range(positions + 1)]
+    for _, arms in arm_steps(recorded, cost, config, estimator):
+        for arm, (tokens, ms) in arms.items():
+            total = totals[arm] if arm in totals else by_k[int(arm[1:])]
+            total[0] += float(tokens.sum())
+            total[1] += ms
+    return _summary(totals, by_k)
+
+
+def arm_steps(
+    recorded: RecordedSteps,
+    cost: StepCost,
+    config: EstimatorConfig | None = None,
+    estimator: AcceptanceEstimator | None = None,
+) -> Iterator[tuple[np.ndarray, dict[str, tuple[np.ndarray, float]]]]:
+    """Per recorded step: its rows [rows] and, per arm, (tokens each row gains [rows], modelled
+    ms). Arms: "fixed", "oracle", "av", "av_drafting" (module docstring) and "k0".."kK" (static
+    K = k; "k0" still runs the draft's pass over the pending tokens). The AV arms replay copies
+    of `estimator` (default: a fresh one from `config`, K = positions)."""
+    positions = recorded.features.shape[1]
+    if estimator is None:
+        estimator = AcceptanceEstimator(config or EstimatorConfig(num_positions=positions))
     replays = zip(
         _replay_av(AdaptiveVerifier(copy.deepcopy(estimator), cost, drafting=False), recorded),
         _replay_av(AdaptiveVerifier(copy.deepcopy(estimator), cost), recorded),
@@ -96,20 +115,19 @@ def oracle_bound(
     for (rows, v, _), (_, v_d, d) in replays:
         n, a = recorded.num_draft[rows], recorded.num_accepted[rows]
         base = int(recorded.base_tokens[recorded.step[rows[0]]])
-        tokens = float((a + 1).sum())
-        for arm, arm_tokens, drafted, verified in (
-            ("fixed", tokens, n, n),
-            ("oracle", tokens, a, a),
-            ("av", float((np.minimum(v, a) + 1).sum()), n, v),
-            ("av_drafting", float((np.minimum(v_d, a) + 1).sum()), d, v_d),
-        ):
-            totals[arm][0] += arm_tokens
-            totals[arm][1] += step_ms(cost, base, drafted, verified)
+        arms = {
+            "fixed": (a + 1, step_ms(cost, base, n, n)),
+            "oracle": (a + 1, step_ms(cost, base, a, a)),
+            "av": (np.minimum(v, a) + 1, step_ms(cost, base, n, v)),
+            "av_drafting": (np.minimum(v_d, a) + 1, step_ms(cost, base, d, v_d)),
+        }
         for k in range(positions + 1):
             drafted_k = np.minimum(n, k)
-            by_k[k][0] += float((np.minimum(drafted_k, a) + 1).sum())
-            by_k[k][1] += step_ms(cost, base, drafted_k, drafted_k)
-    return _summary(totals, by_k)
+            arms[f"k{k}"] = (
+                np.minimum(drafted_k, a) + 1,
+                step_ms(cost, base, drafted_k, drafted_k),
+            )
+        yield rows, arms
 
 
 def step_ms(cost: StepCost, base_tokens: int, drafted: np.ndarray, verified: np.ndarray) -> float:

@@ -16,6 +16,7 @@ import torch
 from helpers.server import save_tiny_pair
 
 from avspec.av.snapshot import save_snapshot
+from avspec.av.step_log import read_step_log
 from avspec.config import EstimatorConfig
 from avspec.contract import StepInputs
 from avspec.engine.draft_stage import DraftStage
@@ -293,3 +294,26 @@ def test_verifier_adapter_records_its_pair(tmp_path: Path) -> None:
     _, stats = adapter(verifier_step())
     assert stats.refitted
     assert json.loads((tmp_path / "snap.json").read_text())["pair"] == "pair-a"
+
+
+def test_verifier_adapter_writes_the_step_log_a_replay_reads(tmp_path: Path) -> None:
+    params = VerifierParams(cost_tables="", step_log="logs/steps.jsonl")
+    adapter = VerifierAdapter(EstimatorConfig(num_positions=K), params, tmp_path)
+    first = {**verifier_step(), "num_drafted": torch.tensor([K, 3], dtype=torch.int32)}
+    outputs, _ = adapter(first)
+    timing = torch.arange(K + 2, dtype=torch.float32)
+    adapter({**first, "prev_num_accepted": torch.tensor([1, -3]), "prev_timing_ms": timing})
+    lines = read_step_log(tmp_path / "logs/steps.jsonl")
+    assert [line["ids"] for line in lines] == [[1, 2], [1, 2]]
+    assert lines[0]["drafted"] == [K, 3] and [len(f) for f in lines[0]["features"]] == [K, 3]
+    assert lines[0]["verify"] == outputs["num_verify"].tolist()
+    assert lines[0]["base"] == 6 and lines[0]["prev_accepted"] == [] and lines[0]["timing"] == []
+    assert lines[1]["prev_accepted"] == [1, -3] and lines[1]["timing"] == timing.tolist()
+    assert lines[0]["t"] <= lines[1]["t"]
+
+
+def test_step_log_is_off_without_the_parameter(tmp_path: Path) -> None:
+    adapter = VerifierAdapter(EstimatorConfig(num_positions=K), VerifierParams(), tmp_path)
+    assert adapter.step_log is None
+    adapter(verifier_step())
+    assert list(tmp_path.iterdir()) == []

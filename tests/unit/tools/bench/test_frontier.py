@@ -16,6 +16,7 @@ from avspec.tools.bench.frontier import (
     mark_frontier,
     pareto_mask,
     percentile,
+    set_and_forget_goals,
     summarize_arm,
     time_to_first_token,
     user_rate,
@@ -139,3 +140,21 @@ def test_goal_checks():
     missing = goal_checks(points, "w", "av4", ["k1", "k4"])
     assert math.isnan(missing["av_over_best_fixed"]["1"]) and missing["av_on_frontier"] == []
     assert not missing["high_goal_met"] and not missing["low_goal_met"]
+
+
+def test_set_and_forget_goals_known_answers() -> None:
+    def point(c: int, arm: str, tps: float) -> dict:
+        return {"workload": "w", "concurrency": c, "arm": arm, "output_tokens_per_s": tps}
+
+    points = [
+        point(1, "none", 10), point(1, "k8", 12), point(1, "av8", 12), point(1, "ad8", 13),
+        point(16, "none", 50), point(16, "k8", 40), point(16, "av8", 49), point(16, "ad8", 49.5),
+    ]  # fmt: skip
+    goals = set_and_forget_goals(points, "w")
+    assert goals["av_over_k"] == {"1": 1.0, "16": pytest.approx(49 / 40)}
+    assert goals["ad_over_best_arm"] == {"1": 13 / 12, "16": pytest.approx(49.5 / 50)}
+    assert goals["same_length_goal_met"] and goals["best_arm_goal_met"]
+    points[-1]["output_tokens_per_s"] = 48.0  # 0.96 of no speculation: the goal fails
+    points[-2]["output_tokens_per_s"] = 47.0  # 1.175 of k8: below 1.20
+    goals = set_and_forget_goals(points, "w")
+    assert not goals["best_arm_goal_met"] and not goals["same_length_goal_met"]
