@@ -106,6 +106,7 @@ class StreamClient:
             "num_draft_tokens": (np.array([arm.num_draft_tokens], dtype=np.int32), "INT32"),
             "adaptive_verification": (np.array([arm.adaptive]), "BOOL"),
             "adaptive_drafting": (np.array([arm.drafting]), "BOOL"),
+            "ignore_eos": (np.array([a.ignore_eos]), "BOOL"),
         }
         inputs = []
         for name, (array, datatype) in values.items():
@@ -420,6 +421,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workload-dir", type=Path, default=ROOT / "workloads")
     p.add_argument("--prompts", type=int, default=64, help="prompts per workload (cycled)")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(
+        "--ignore-eos", action="store_true",
+        help="every answer runs to --max-tokens (the same work in every arm, whatever it samples)",
+    )  # fmt: skip
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--seed", type=int, default=0)

@@ -26,20 +26,13 @@ functions (avspec.tools.bench.replay):
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
-import shutil
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from avspec.av.cost_file import load_step_cost
-from avspec.av.step_log import read_step_log
-from avspec.config import EstimatorConfig
-from avspec.serving import pbtxt
-from avspec.serving.repository import parse_verifier_parameters
 from avspec.tools.bench.frontier import (
     X_KEY,
     Y_KEY,
@@ -54,50 +47,9 @@ from avspec.tools.bench.replay import (
     served_cost,
     served_lengths,
 )
+from avspec.tools.bench.replay_inputs import COSTS, extract, load
 
 ARMS = ("none", "k1", "k2", "k4", "k8", "av8", "ad8")
-RECORDED, COSTS, ESTIMATOR = "recorded_steps.jsonl.gz", "cost_tables.json", "estimator.json"
-
-
-def extract(directory: Path, source: str) -> None:
-    """Write the replay's inputs into `directory` from its served copy (once)."""
-    if (directory / RECORDED).is_file():
-        return
-    server = directory / "server"
-    log = server / "step_log.jsonl"
-    if not log.is_file():
-        raise SystemExit(f"{directory}: neither {RECORDED} nor {log} (run with --step-log)")
-    points = json.loads((directory / "points.json").read_text())["points"]
-    with gzip.open(directory / RECORDED, "wt", encoding="utf-8") as out:
-        for p in points:
-            for start, end in p["windows"]:
-                for line in read_step_log(log, start, end):
-                    if p["arm"] != source:
-                        del line["features"]  # the other arms' steps only price the cost model
-                    tags = {"concurrency": p["concurrency"], "arm": p["arm"]}
-                    out.write(json.dumps({**tags, **line}, separators=(",", ":")) + "\n")
-    config = pbtxt.parse((server / "model_repository/verifier/config.pbtxt").read_text())
-    estimator, params = parse_verifier_parameters(pbtxt.parameters(config))
-    shutil.copyfile(params.cost_tables, directory / COSTS)
-    (directory / ESTIMATOR).write_text(json.dumps(asdict(estimator), indent=1) + "\n")
-
-
-def load(directory: Path) -> tuple[dict[int, dict[str, list[list[dict]]]], EstimatorConfig, dict]:
-    """({concurrency: {arm: phases of step-log lines}}, the estimator config, the sweep's
-    document)."""
-    phases: dict[int, dict[str, list[list[dict]]]] = {}
-    last: tuple[int, str, float] | None = None
-    with gzip.open(directory / RECORDED, "rt", encoding="utf-8") as f:
-        for text in f:
-            line = json.loads(text)
-            c, arm = line.pop("concurrency"), line.pop("arm")
-            runs = phases.setdefault(c, {}).setdefault(arm, [])
-            if last is None or last[:2] != (c, arm) or line["t"] < last[2]:
-                runs.append([])
-            runs[-1].append(line)
-            last = (c, arm, line["t"])
-    config = EstimatorConfig(**json.loads((directory / ESTIMATOR).read_text()))
-    return phases, config, json.loads((directory / "points.json").read_text())
 
 
 def replay_directory(directory: Path, args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -2,8 +2,9 @@
 # Issue 35's served sweep: every arm x concurrency 1..64, one runtime and temperature per call.
 #   bench/av_sweep/run.sh ENGINE TEMPERATURE [CONCURRENCY] [WORKLOADS]
 # Writes bench/av_sweep/<engine>-t<temperature>-<workload>/ (points, frontier plots, summary)
-# with the step log under server/ for client/replay_steps.py. Chat answers up to 256 tokens,
-# code up to 128; one request per user per phase (at least 2), held-out prompts.
+# with the step log under server/ for client/replay_steps.py. Chat answers of 256 tokens,
+# code 128 (--ignore-eos: every answer runs to its length, so every arm does the same work);
+# one request per user per phase (at least 2), held-out prompts.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 engine=${1:?engine}; temperature=${2:?temperature}
@@ -13,6 +14,6 @@ for workload in ${workloads//,/ }; do
   .venv/bin/python client/bench_serving.py --start-server --engine "$engine" --step-log \
     --workloads "$workload" --max-tokens "$tokens" --temperature "$temperature" --top-p 0.95 \
     --concurrency "$concurrency" --arms none,k1,k2,k4,k8,av8,ad8 --prompts 64 --rounds 1 \
-    --requests-per-user 1 --min-requests 2 --warmup-requests 8 \
+    --requests-per-user 1 --min-requests 2 --warmup-requests 8 --ignore-eos \
     --out "bench/av_sweep/$engine-t$temperature-$workload"
 done

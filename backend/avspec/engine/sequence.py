@@ -17,8 +17,9 @@ ordinary first step.
 
 Per request:
 
-- EOS (any of the model's EOS ids, `eos_ids`) ends a request and is not emitted (finish
-  reason "stop");
+- EOS (any of the model's EOS ids, `eos_ids`) ends a request and is not emitted (finish reason
+  "stop"), unless the request sets `ignore_eos`: EOS is then a token like any other and only
+  max_tokens ends the request;
 - `max_tokens` is honoured exactly: tokens past it are dropped (finish reason "length");
 - a request drafts at most `max_tokens - generated - 1` tokens (`drafts_wanted`), so no step
   overshoots its budget (fewer verified drafts never changes the output distribution).
@@ -60,6 +61,7 @@ class GenerationRequest:
     adaptive: bool = True
     adaptive_drafting: bool = True  # with `adaptive`: also draft by the plan (avspec.av.drafting)
     client: str = ""
+    ignore_eos: bool = False  # generate past EOS to max_tokens (benchmarks of fixed length)
 
 
 @dataclass
@@ -140,7 +142,7 @@ class SequenceState:
             self.pending = self.pending[sent:]
             return StepReport([], 0, 0, 0, False, None, prefilling=True)
         drafted = self.drafts_wanted() if outcome.drafted is None else outcome.drafted
-        eos = as_eos_ids(eos_ids)
+        eos = frozenset() if self.request.ignore_eos else as_eos_ids(eos_ids)
         emitted: list[int] = []
         reason = None
         for token in outcome.tokens:

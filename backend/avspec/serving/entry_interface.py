@@ -35,6 +35,7 @@ ENTRY_INPUTS: tuple[EntryTensor, ...] = (
     EntryTensor("num_draft_tokens", mc.TYPE_INT32, optional=True),
     EntryTensor("adaptive_verification", mc.TYPE_BOOL, optional=True),
     EntryTensor("adaptive_drafting", mc.TYPE_BOOL, optional=True),
+    EntryTensor("ignore_eos", mc.TYPE_BOOL, optional=True),
     EntryTensor("plain_spans", mc.TYPE_INT32, (-1,), optional=True),
 )
 ENTRY_OUTPUTS: tuple[EntryTensor, ...] = (

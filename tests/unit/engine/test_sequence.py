@@ -68,6 +68,14 @@ def test_eos_ends_the_request_and_is_not_emitted() -> None:
     assert seq.generated == 3
 
 
+def test_ignore_eos_runs_to_max_tokens() -> None:
+    seq = state(prompt_len=4, max_tokens=4, ignore_eos=True)
+    report = seq.commit(Outcome([EOS, 21, EOS], verified=2, accepted=2), EOS)
+    assert report.new_tokens == [EOS, 21, EOS] and not report.finished
+    report = seq.commit(Outcome([EOS, 30], verified=1, accepted=1), EOS)
+    assert report.new_tokens == [EOS] and report.finish_reason == "length"
+
+
 def test_any_of_several_eos_ids_ends_the_request() -> None:
     eos_ids = frozenset({EOS, 7})
     seq = state(prompt_len=4)

@@ -2,10 +2,10 @@
 
 `parse_prompt_request` checks one request's input tensors (numpy, ecosystem names: text_input,
 max_tokens, temperature, top_p, random_seed, stream, num_draft_tokens, adaptive_verification,
-adaptive_drafting) without tokenizing, raising `RequestError` that names the input: a prompt
-whose bytes cannot fit the context (`avspec.serving.stages.prompt_bound`) is refused before any
-tokenizer sees it. `PromptRequest.tokenize` then makes the `GenerationRequest` from the
-prompt's token ids, special-token text inside the `plain_spans` of text_input encoded as text
+adaptive_drafting, ignore_eos) without tokenizing, raising `RequestError` that names the input:
+a prompt whose bytes cannot fit the context (`avspec.serving.stages.prompt_bound`) is refused
+before any tokenizer sees it. `PromptRequest.tokenize` then makes the `GenerationRequest` from
+the prompt's token ids, special-token text inside the `plain_spans` of text_input encoded as text
 (the entry tokenizes off the serving path, avspec.serving.stages.entry);
 `parse_generation_inputs` does both in one call.
 Integer inputs are range-checked as received, before any int32 cast, so a wide value is refused
@@ -190,6 +190,7 @@ def parse_prompt_request(
     seed = _integer(values, "random_seed")
     adaptive = _scalar(values, "adaptive_verification")
     drafting = _scalar(values, "adaptive_drafting")
+    ignore_eos = _scalar(values, "ignore_eos")
     stream = _scalar(values, "stream")
     settings = GenerationRequest(
         prompt_ids=[],
@@ -201,6 +202,7 @@ def parse_prompt_request(
         adaptive=params.adaptive_verification if adaptive is None else bool(adaptive),
         adaptive_drafting=params.adaptive_drafting if drafting is None else bool(drafting),
         client=client,
+        ignore_eos=bool(ignore_eos) if ignore_eos is not None else False,
     )
     return PromptRequest(text, bool(stream) if stream is not None else False, settings, plain)
 

@@ -54,16 +54,18 @@ def test_defaults() -> None:
     assert request.prompt_ids == [104, 105] and request.max_tokens == 4
     assert (request.temperature, request.top_p, request.random_seed) == (1.0, 1.0, 0)
     assert request.num_draft_tokens == 8 and request.adaptive is True and stream is False
+    assert request.ignore_eos is False
 
 
 def test_all_inputs() -> None:
     request, stream = parse(
         temperature=np.float32(0.0), top_p=np.float32(0.9), random_seed=np.uint64(2**64 - 1),
-        stream=True, num_draft_tokens=np.int32(0), adaptive_verification=False,
+        stream=True, num_draft_tokens=np.int32(0), adaptive_verification=False, ignore_eos=True,
     )  # fmt: skip
     assert request.temperature == 0.0 and request.top_p == pytest.approx(0.9)
     assert 0 <= request.random_seed < 2**63
     assert request.num_draft_tokens == 0 and request.adaptive is False and stream is True
+    assert request.ignore_eos is True
 
 
 def test_adaptive_default_from_parameters() -> None:

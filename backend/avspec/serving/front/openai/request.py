@@ -7,10 +7,10 @@ string or up to 4), `n` 1, `stream` with `stream_options.include_usage`. Paramet
 cannot honour are refused unless they carry their neutral value (penalties 0, no logprobs, no
 logit bias, `best_of` 1, ...), and an unknown field is refused as the OpenAI API refuses it: a
 client never gets a silently different answer. The speculative settings of the entry
-(`num_draft_tokens`, `adaptive_verification`, `adaptive_drafting`) are accepted as extra fields
-(the official client's `extra_body`). Validation is strict, as JSON types are: `1.0` is no `n`,
-`0` no `stream`. Each field's `description` is the rule a refusal states (front.openai.validation
-turns a ValidationError into the 400 naming the field).
+(`num_draft_tokens`, `adaptive_verification`, `adaptive_drafting`) and vLLM's `ignore_eos` are
+accepted as extra fields (the official client's `extra_body`). Validation is strict, as JSON
+types are: `1.0` is no `n`, `0` no `stream`. Each field's `description` is the rule a refusal
+states (front.openai.validation turns a ValidationError into the 400 naming the field).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ MAX_STOPS = 4
 MAX_MESSAGES = 1024  # a conversation's messages (each one costs the template a loop turn)
 INT32_MAX = (1 << 31) - 1
 SEED_SPAN = 1 << 64
-EXTRAS = ("num_draft_tokens", "adaptive_verification", "adaptive_drafting")
+EXTRAS = ("num_draft_tokens", "adaptive_verification", "adaptive_drafting", "ignore_eos")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -104,6 +104,7 @@ class _Request(BaseModel):
     )
     adaptive_verification: bool | None = Field(None, description="must be a boolean")
     adaptive_drafting: bool | None = Field(None, description="must be a boolean")
+    ignore_eos: bool | None = Field(None, description="must be a boolean")  # vLLM's name
 
     @field_validator("top_p")
     @classmethod

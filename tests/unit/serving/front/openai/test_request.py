@@ -25,6 +25,7 @@ from avspec.serving.front.openai.request import parse_chat, parse_completion
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"avspec-client": "someone"}, "avspec-client"),
         ({"num_draft_tokens": "8"}, "num_draft_tokens"),
+        ({"ignore_eos": 1}, "ignore_eos"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
     ],
 )
@@ -91,6 +92,7 @@ def test_a_valid_chat_becomes_its_sampling_and_template_messages():
         "messages": [{"role": "user", "content": content, "name": "x"}, {"role": "assistant"}],
         "max_completion_tokens": 5, "max_tokens": 7, "stop": ["s", "s"], "seed": -1,
         "stream": True, "stream_options": {"include_usage": True}, "num_draft_tokens": 3,
+        "ignore_eos": True,
     }  # fmt: skip
     request, sampling = parse_chat(json.dumps(body).encode(), 16)
     assert request.template_messages() == [
@@ -99,4 +101,4 @@ def test_a_valid_chat_becomes_its_sampling_and_template_messages():
     ]
     assert (sampling.max_tokens, sampling.stop, sampling.seed) == (5, ("s",), (1 << 64) - 1)
     assert sampling.stream and sampling.include_usage
-    assert sampling.extras == {"num_draft_tokens": 3}
+    assert sampling.extras == {"num_draft_tokens": 3, "ignore_eos": True}
