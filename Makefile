@@ -7,7 +7,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 
-.PHONY: help venv llamacpp test unit lint format clean repository serve models tiny-models workloads bench soak costs draft draft-head draft-same-data draft-vocab card
+.PHONY: help venv llamacpp test unit lint format clean repository serve models tiny-models workloads bench bench-av soak costs draft draft-head draft-same-data draft-vocab card
 
 # `make` alone: every target with its line (the `## ` comment after the target).
 help:
@@ -142,6 +142,20 @@ bench: $(STAMP) models/target/config.json models/draft/model.safetensors ## redu
 		--concurrency 1,4,16,64 --arms none,k2,k4,k8,av8,ad8 --workloads chat,code \
 		--temperature 0.7 --top-p 0.95 --prompts 64 --max-tokens 32 --rounds 2 \
 		--warmup-requests 64 --out bench/reduced-smollm2
+
+# Set-and-forget sweep (bench/av_sweep/run.sh, docs/benchmarks.md): every arm at concurrency 1-64
+# on chat and code with the step log, then the replay on this host's costs, the modelled GPU
+# replay and the report (goals, what the budget chose). About 75 minutes per runtime and
+# temperature on 2 cores with the torch runtime.
+AV_ENGINE ?= torch
+AV_TEMPERATURE ?= 1.0
+AV_CONCURRENCY ?= 1,2,4,8,16,32,64
+AV_RUN = bench/av_sweep/$(AV_ENGINE)-t$(AV_TEMPERATURE)
+bench-av: $(STAMP) llamacpp models/target/config.json models/draft/model.safetensors ## set-and-forget sweep, replays and report (AV_ENGINE, AV_TEMPERATURE)
+	bench/av_sweep/run.sh $(AV_ENGINE) $(AV_TEMPERATURE) $(AV_CONCURRENCY)
+	$(PY) client/replay_steps.py $(AV_RUN)-chat $(AV_RUN)-code
+	$(PY) client/replay_steps.py $(AV_RUN)-chat $(AV_RUN)-code --gpu --out bench/av_sweep/gpu-$(AV_ENGINE)-t$(AV_TEMPERATURE)
+	$(PY) client/av_report.py $(AV_RUN)-chat $(AV_RUN)-code --out bench/av_sweep/report-$(AV_ENGINE)-t$(AV_TEMPERATURE)
 
 # Soak (client/soak.py): starts its own server on free ports, holds 64 concurrent client loops
 # (gRPC stream, HTTP generate / generate_stream, a few cancelled) for 10 minutes plus the server

@@ -173,6 +173,7 @@ def write_test_repository(tmp: Path) -> tuple[Path, Path]:
                 "initial_slope": 0.5,
                 "initial_intercept": -0.2,
                 "snapshot_path": tmp / "estimator_snapshot.json",
+                "step_log": tmp / "step_log.jsonl",  # replayed by tests/serving/test_bench.py
                 "cost_tables": write_steep_draft_costs(tmp / "cost_tables.json"),
                 "cost_refresh": "false",  # keep the steep tables: the refresh would follow
                 # this machine, where the tiny draft's pass costs well under a millisecond
@@ -202,6 +203,8 @@ def start_test_server(tmp: Path) -> ServerProcess:
         print(log.read_text()[-6000:])
         raise
     process.snapshot_path = tmp / "estimator_snapshot.json"
+    process.step_log = tmp / "step_log.jsonl"
+    process.repository = repository
     process.target_dir = target_dir
     return process
 

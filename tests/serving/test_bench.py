@@ -44,3 +44,48 @@ def test_bench_serving_tiny_sweep(server, tmp_path: Path):
     assert (out / "frontier_code.png").stat().st_size > 1000
     summary = (out / "summary.txt").read_text()
     assert "on the frontier" in summary and "per step (server metrics)" in summary
+
+
+def test_a_sweep_of_fixed_length_is_replayed_and_reported(server, tmp_path: Path):
+    """--ignore-eos makes every answer max_tokens long; the session server's step log, cut by
+    the points' windows, is replayed for every arm (client/replay_steps.py) and the budget's
+    choices are reported (client/av_report.py)."""
+    out = tmp_path / "sweep"
+    rc = load_client_script("bench_serving").main([
+        "--url", server.grpc_url, "--concurrency", "1,2", "--arms", "none,k1,k2,k4,k8,av8,ad8",
+        "--workloads", "code", "--prompts", "2", "--max-tokens", "12", "--rounds", "1",
+        "--requests-per-user", "1", "--min-requests", "2", "--warmup-requests", "0",
+        "--ignore-eos", "--out", str(out),
+    ])  # fmt: skip
+    assert rc == 0
+    points = json.loads((out / "points.json").read_text())["points"]
+    assert all(p["output_tokens"] == 2 * 12 for p in points)  # no answer ended at EOS
+    assert all(len(p["windows"]) == 1 for p in points)
+    (out / "server").mkdir()
+    (out / "server" / "step_log.jsonl").write_bytes(server.step_log.read_bytes())
+    (out / "server" / "model_repository").symlink_to(server.repository)
+
+    assert load_client_script("replay_steps").main([str(out)]) == 0
+    rows = json.loads((out / "replay_host.json").read_text())["rows"]
+    assert {(r["concurrency"], r["arm"]) for r in rows} == {
+        (p["concurrency"], p["arm"]) for p in points
+    }
+    assert all(r["predicted"] > 0 and r["served"] > 0 for r in rows)
+    for name in ("recorded_steps.jsonl.gz", "cost_tables.json", "estimator.json"):
+        assert (out / name).is_file()
+
+    gpu = tmp_path / "gpu"
+    assert load_client_script("replay_steps").main([str(out), "--gpu", "--out", str(gpu)]) == 0
+    modelled = json.loads((gpu / "points.json").read_text())
+    assert modelled["modelled"] and "(modelled)" in (gpu / "summary.txt").read_text()
+    assert (gpu / "frontier_sweep.png").stat().st_size > 1000
+
+    report = tmp_path / "report"
+    assert load_client_script("av_report").main([str(out), "--out", str(report)]) == 0
+    budget = json.loads((report / "budget.json").read_text())["sweep"]["budget"]
+    for arm in ("av8", "ad8"):
+        for choice in budget[arm].values():
+            assert 0 <= choice["accepted_per_row"] <= choice["verified_per_row"]
+            assert choice["verified_per_row"] <= choice["drafted_per_row"] <= 8
+    assert (report / "budget_sweep.png").stat().st_size > 1000
+    assert "av8/k8" in (report / "goals.txt").read_text()
