@@ -18,7 +18,6 @@ writes to --out:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 from avspec.tools.bench.budget_view import budget_choices
 from avspec.tools.bench.frontier import Y_KEY, set_and_forget_goals
 from avspec.tools.bench.replay_inputs import extract, load
+from avspec.tools.script import doc_parser
 
 ARMS = ("none", "k1", "k2", "k4", "k8", "av8", "ad8")
 
@@ -86,11 +86,7 @@ def plot_budget(path: Path, name: str, choices: dict[str, dict[int, dict[str, fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
+    p = doc_parser(__doc__)
     p.add_argument("directories", type=Path, nargs="+", help="bench_serving --step-log outputs")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)

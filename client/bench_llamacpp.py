@@ -69,6 +69,7 @@ import openai
 from bench_openai import MODEL, combined, run_phase
 
 from avspec.tools.bench.stream_metrics import StreamRecord, summarize
+from avspec.tools.script import doc_parser
 from avspec.tools.train.prefixes import even_pick
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -697,11 +698,7 @@ def versions() -> dict[str, str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module doc); lists split, `--greedy` applied."""
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
+    p = doc_parser(__doc__)
     project = p.add_mutually_exclusive_group(required=True)
     project.add_argument("--project-url", help="a running server of this project")
     project.add_argument(

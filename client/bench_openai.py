@@ -39,6 +39,7 @@ from typing import Any
 import openai
 
 from avspec.tools.bench.stream_metrics import StreamRecord, combine_rounds, summarize
+from avspec.tools.script import doc_parser
 from avspec.tools.train.prefixes import even_pick
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,11 +254,7 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module doc); `--concurrency` and `--workloads` as lists."""
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
+    p = doc_parser(__doc__)
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the front's public HTTP")
     p.add_argument("--start-server", action="store_true", help="start one on free ports")
     p.add_argument("--model-repository", type=Path, default=ROOT / "model_repository")

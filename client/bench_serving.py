@@ -48,6 +48,7 @@ from avspec.tools.bench.frontier import (
     summarize_arm,
 )
 from avspec.tools.bench.step_breakdown import step_breakdown
+from avspec.tools.script import doc_parser
 
 MODEL = "speculative"
 ROOT = Path(__file__).resolve().parents[1]
@@ -407,11 +408,7 @@ def add_server_arguments(p: argparse.ArgumentParser, dtype_help: str = "") -> No
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
+    p = doc_parser(__doc__)
     add_server_arguments(p)
     p.add_argument("--metrics-url", default=None, help="scrape av_* metrics at the end")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64", help="comma list")

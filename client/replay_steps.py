@@ -48,6 +48,7 @@ from avspec.tools.bench.replay import (
     served_lengths,
 )
 from avspec.tools.bench.replay_inputs import COSTS, extract, load
+from avspec.tools.script import doc_parser
 
 ARMS = ("none", "k1", "k2", "k4", "k8", "av8", "ad8")
 
@@ -144,11 +145,7 @@ def gpu_summary(points: list[dict[str, Any]], workload: str) -> tuple[str, dict]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
+    p = doc_parser(__doc__)
     p.add_argument("directories", type=Path, nargs="+", help="bench_serving --step-log outputs")
     p.add_argument(
         "--source", default="k8", help="the arm whose steps are replayed (all drafts verified)"

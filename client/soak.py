@@ -54,6 +54,7 @@ from avspec.tools.bench.soak.memory import (
 )
 from avspec.tools.bench.soak.mix import Mix, load_prompts
 from avspec.tools.bench.soak.report import build_result, write_outputs
+from avspec.tools.script import doc_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 JOIN_GRACE_S = 30.0  # on top of --request-timeout, for the requests in flight at the deadline
@@ -135,11 +136,7 @@ def start_server(stack: ExitStack, args: argparse.Namespace) -> ServerProcess:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
+    p = doc_parser(__doc__)
     p.add_argument("--start-server", action="store_true", help="start one on free ports")
     p.add_argument(
         "--model-repository",

@@ -147,36 +147,56 @@ def _replay_av(
     absent from a step are released.
     """
     prev_ids: list[int] = []
-    prev_outcome = torch.zeros(0, dtype=torch.int32)
+    prev_outcome = np.zeros(0, dtype=np.int64)
     plan: DraftPlan | None = None
     bounds = np.flatnonzero(np.diff(recorded.step)) + 1
     for rows in np.split(np.arange(recorded.step.shape[0]), bounds):
         if rows.size == 0:
             continue
         ids = [int(i) for i in recorded.seq_id[rows]]
-        features = torch.as_tensor(recorded.features[rows], dtype=torch.float32)
-        caps = torch.as_tensor(recorded.num_draft[rows], dtype=torch.int32)
-        drafted = drafted_by_plan(features, caps, plan) if plan is not None else caps
-        decision = verifier.step(
-            VerifierInputs(
-                seq_ids=torch.as_tensor(ids, dtype=torch.int64),
-                features=features,
-                num_draft_tokens=caps,
-                adaptive=torch.ones(len(rows), dtype=torch.bool),
-                prev_num_accepted=prev_outcome,
-                release_seq_ids=torch.as_tensor(
-                    sorted(set(prev_ids) - set(ids)), dtype=torch.int64
-                ),
-                base_tokens=int(recorded.base_tokens[recorded.step[rows[0]]]),
-                num_drafted=drafted,
-                adaptive_drafting=torch.full((len(rows),), verifier.drafting),
-            )
+        base = int(recorded.base_tokens[recorded.step[rows[0]]])
+        drafted, v, plan = av_step(
+            verifier, recorded, rows, ids, prev_ids, prev_outcome, base, plan
         )
-        plan = DraftPlan.from_tensor(decision.draft_plan, features.shape[1])
-        v = decision.num_verify.numpy().astype(np.int64)
-        yield rows, v, drafted.numpy().astype(np.int64)
-        got = np.minimum(v, recorded.num_accepted[rows])
-        prev_ids, prev_outcome = ids, torch.as_tensor(got, dtype=torch.int32)
+        yield rows, v, drafted
+        prev_ids, prev_outcome = ids, np.minimum(v, recorded.num_accepted[rows])
+
+
+def av_step(
+    verifier: AdaptiveVerifier,
+    recorded: RecordedSteps,
+    rows: np.ndarray | list[int],
+    ids: list[int],
+    prev_ids: list[int],
+    prev_outcome: np.ndarray,
+    base_tokens: int,
+    plan: DraftPlan | None,
+) -> tuple[np.ndarray, np.ndarray, DraftPlan | None]:
+    """One replayed step of `verifier` over the recorded `rows` (one per sequence in `ids`):
+    each row drafts by `plan` (None: its recorded drafts), the verifier labels the previous
+    step with `prev_outcome` (aligned with `prev_ids`; sequences gone since are released) and
+    decides. Returns (drafted [rows], num_verify [rows], the plan for the next step)."""
+    features = torch.as_tensor(recorded.features[rows], dtype=torch.float32)
+    caps = torch.as_tensor(recorded.num_draft[rows], dtype=torch.int32)
+    drafted = drafted_by_plan(features, caps, plan) if plan is not None else caps
+    decision = verifier.step(
+        VerifierInputs(
+            seq_ids=torch.as_tensor(ids, dtype=torch.int64),
+            features=features,
+            num_draft_tokens=caps,
+            adaptive=torch.ones(len(ids), dtype=torch.bool),
+            prev_num_accepted=torch.as_tensor(prev_outcome, dtype=torch.int32),
+            release_seq_ids=torch.as_tensor(sorted(set(prev_ids) - set(ids)), dtype=torch.int64),
+            base_tokens=base_tokens,
+            num_drafted=drafted.int(),
+            adaptive_drafting=torch.full((len(ids),), verifier.drafting),
+        )
+    )
+    return (
+        drafted.numpy().astype(np.int64),
+        decision.num_verify.numpy().astype(np.int64),
+        DraftPlan.from_tensor(decision.draft_plan, features.shape[1]),
+    )
 
 
 def _summary(totals: dict[str, list[float]], by_k: list[list[float]]) -> dict[str, Any]:

@@ -30,13 +30,12 @@ import numpy as np
 import torch
 
 from avspec.av.cost_refresh import CostRefresh
-from avspec.av.drafting import DraftPlan, drafted_by_plan
+from avspec.av.drafting import DraftPlan
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
 from avspec.av.step_cost import StepCost, rows_per_pass
 from avspec.av.verifier import AdaptiveVerifier
 from avspec.config import EstimatorConfig
-from avspec.contract import VerifierInputs
-from avspec.tools.bench.oracle import RecordedSteps, step_ms
+from avspec.tools.bench.oracle import RecordedSteps, av_step, step_ms
 
 
 def recorded_steps(lines: Sequence[dict[str, Any]], positions: int) -> RecordedSteps:
@@ -229,25 +228,9 @@ def _serve(
             drafted = verified = np.minimum(n, int(key[1:]))
         else:
             assert verifier is not None
-            features = torch.as_tensor(recorded.features[rows], dtype=torch.float32)
-            caps = torch.as_tensor(n, dtype=torch.int32)
-            chosen = drafted_by_plan(features, caps, plan) if plan is not None else caps
-            decision = verifier.step(
-                VerifierInputs(
-                    seq_ids=torch.as_tensor(ids, dtype=torch.int64),
-                    features=features,
-                    num_draft_tokens=caps,
-                    adaptive=torch.ones(len(rows), dtype=torch.bool),
-                    prev_num_accepted=torch.as_tensor(prev_outcome, dtype=torch.int32),
-                    release_seq_ids=torch.as_tensor(sorted(set(prev_ids) - set(ids))).long(),
-                    base_tokens=base,
-                    num_drafted=chosen.int(),
-                    adaptive_drafting=torch.full((len(rows),), verifier.drafting),
-                )
+            drafted, verified, plan = av_step(
+                verifier, recorded, rows, ids, prev_ids, prev_outcome, base, plan
             )
-            plan = DraftPlan.from_tensor(decision.draft_plan, features.shape[1])
-            drafted = chosen.numpy().astype(np.int64)
-            verified = decision.num_verify.numpy().astype(np.int64)
         if key == "none":
             ms = cost.step_ms([], base, len(rows))
         else:

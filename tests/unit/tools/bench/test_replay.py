@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import avspec.tools.bench.oracle as oracle
 import avspec.tools.bench.replay as replay
 from avspec.av.step_cost import StepCost
 from avspec.config import EstimatorConfig
@@ -112,7 +113,7 @@ def test_a_slower_arm_has_a_longer_tail() -> None:
 
 def test_av_arms_call_the_verifier_and_the_drafting_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = {"step": 0, "plan": 0}
-    step, plan = replay.AdaptiveVerifier.step, replay.drafted_by_plan
+    step, plan = replay.AdaptiveVerifier.step, oracle.drafted_by_plan
 
     def counted_step(self, inputs):  # type: ignore[no-untyped-def]
         calls["step"] += 1
@@ -123,7 +124,7 @@ def test_av_arms_call_the_verifier_and_the_drafting_plan(monkeypatch: pytest.Mon
         return plan(*args)
 
     monkeypatch.setattr(replay.AdaptiveVerifier, "step", counted_step)
-    monkeypatch.setattr(replay, "drafted_by_plan", counted_plan)
+    monkeypatch.setattr(oracle, "drafted_by_plan", counted_plan)
     recorded = recorded_steps(one_request([3, 0, 4, 1, 2, 0]), K)
     cost = StepCost.linear(1.0, 0.5, 5.0, 0.2, 64, 1024, overhead_ms=1.0)
     result = replay_point(recorded, cost, ["av4", "ad4", "k4", "oracle"], 1, EstimatorConfig(K))

@@ -27,6 +27,7 @@ def test_inputs_are_those_of_the_served_config():
         "num_draft_tokens": "INT32",
         "adaptive_verification": "BOOL",
         "adaptive_drafting": "BOOL",
+        "ignore_eos": "BOOL",
         "plain_spans": "INT32",
     }
     assert {n: client_datatype(s.dtype) for n, s in declared.items()} == SPECULATIVE_INPUTS
