@@ -23,7 +23,16 @@ from avspec.runtime.cpu_features import read_cpu_flags
 
 PACKAGE, VERSION = "llama-cpp-python", "0.3.36"
 LLAMA_CPP_PYTHON = f"{PACKAGE}=={VERSION}"
-BUILD_FILE = "llamacpp-build.json"  # in the venv (sys.prefix): the CPU key it was built for
+BUILD_FILE = "llamacpp-build.json"  # in the venv (sys.prefix): the build key it was built for
+# How `make llamacpp` compiles it: for this CPU (-march=native), the library and nothing else.
+CMAKE_ARGS = (
+    "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "
+    "-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+)
+# ggml 0.3.36's AMX kernels (ggml-cpu/amx, compiled in by -march=native where the CPU has AMX)
+# segfault in the first decode of the default Q4_1 GGUF on an Intel Xeon with AMX; without them
+# that CPU runs ggml's AVX-512 (VNNI, bf16) kernels. GCC's explicit -mno-* beats -march=native.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 INSTALL_HINT = "run `make llamacpp` (builds llama-cpp-python for this CPU, about 4-15 minutes)"
 
 logger = logging.getLogger("avspec.llamacpp")
@@ -43,11 +52,24 @@ def cpu_key(flags: frozenset[str] | None = None) -> str:
     return f"{os.uname().machine}-py{sys.version_info.major}{sys.version_info.minor}-{digest}"
 
 
+def compiler_flags(flags: frozenset[str] | None = None) -> str:
+    """CFLAGS and CXXFLAGS of this CPU's build: AMX left out where the CPU has it."""
+    flags = read_cpu_flags() if flags is None else flags
+    return NO_AMX if any(flag.startswith("amx") for flag in flags) else ""
+
+
+def build_key(flags: frozenset[str] | None = None) -> str:
+    """The key of this CPU's llama.cpp build: `cpu_key` and a hash of the build recipe, so a
+    changed recipe never reuses a wheel (or a venv) built by an older one."""
+    recipe = f"{VERSION} {CMAKE_ARGS} {compiler_flags(flags)}"
+    return f"{cpu_key(flags)}-{hashlib.sha256(recipe.encode()).hexdigest()[:8]}"
+
+
 def installed_key(prefix: Path | None = None) -> str | None:
-    """The key this venv's llama-cpp-python was built for (None: not built by `make llamacpp`)."""
+    """The build key of this venv's llama-cpp-python (None: not built by `make llamacpp`)."""
     try:
         record = json.loads((Path(prefix or sys.prefix) / BUILD_FILE).read_text())
-        return str(record["cpu_key"])
+        return str(record["build_key"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -57,11 +79,12 @@ def llama_cpp() -> ModuleType:
     cached: ModuleType | None = _state.get("module")
     if cached is not None:
         return cached
-    built_for, here = installed_key(), cpu_key()
+    built_for, here = installed_key(), build_key()
     if built_for is not None and built_for != here:
         raise EngineUnavailable(
-            f"this venv's {LLAMA_CPP_PYTHON} was built for another CPU ({built_for}, this one is "
-            f"{here}): its instructions may not exist here; {INSTALL_HINT}"
+            f"this venv's {LLAMA_CPP_PYTHON} was built for another CPU or by an older recipe "
+            f"({built_for}, this one needs {here}): its instructions may not exist here or its "
+            f"kernels may be ones left out since; {INSTALL_HINT}"
         )
     try:
         import llama_cpp as module  # noqa: PLC0415 - optional, heavy: imported on first use

@@ -4,14 +4,16 @@
     python -m avspec.tools.setup.llamacpp_build --check    # exit 1 unless this venv's build fits
 
 llama.cpp is compiled for the CPU it is built on (`-DGGML_NATIVE=ON`: AVX-512, bf16 and VNNI
-kernels where the CPU has them), and the wheel it yields is tagged for any x86-64 Linux, so
-pip's own cache would hand it to a CPU that lacks those instructions (a crash on the first
-illegal instruction). The wheel is therefore kept in a directory named by this CPU's flags,
+kernels where the CPU has them; ggml's AMX kernels are left out, they crash in this version), and
+the wheel it yields is tagged for any x86-64 Linux, so pip's own cache would hand it to a CPU
+that lacks those instructions (a crash on the first illegal instruction). The wheel is therefore
+kept in a directory named by this CPU's flags and the build recipe (`binding.build_key`),
 `~/.cache/avspec/llamacpp/<key>/` (`AVSPEC_CACHE` moves it): the first build on a kind of CPU
 takes 4-15 minutes on 2 cores (a progress line counts them), every later install there is
-instant, and a CPU with other flags builds its own. The source distribution is fetched by pip
-with its sha256 pinned. The venv records the key it was installed for (`BUILD_FILE` in the
-venv), and the engine refuses a build made for another CPU (`avspec.runtime.llamacpp.binding`).
+instant, and a CPU with other flags, or a changed recipe, builds its own. The source
+distribution is fetched by pip with its sha256 pinned. The venv records the key it was
+installed for (`BUILD_FILE` in the venv), and the engine refuses a build made for another CPU
+or by another recipe (`avspec.runtime.llamacpp.binding`).
 """
 
 from __future__ import annotations
@@ -27,14 +29,17 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from avspec.runtime.llamacpp.binding import BUILD_FILE, PACKAGE, VERSION, cpu_key, installed_key
+from avspec.runtime.llamacpp.binding import (
+    BUILD_FILE,
+    CMAKE_ARGS,
+    PACKAGE,
+    VERSION,
+    build_key,
+    compiler_flags,
+    installed_key,
+)
 
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
-# what the engine needs: llama.cpp and its common library; no multimodal (mtmd), tools or tests
-CMAKE_ARGS = (
-    "-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF "
-    "-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
-)
 
 
 def cache_dir(key: str) -> Path:
@@ -48,7 +53,9 @@ def build_wheel(directory: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix="avspec-llamacpp-") as work:
         requirements = Path(work) / "requirements.txt"
         requirements.write_text(f"{PACKAGE}=={VERSION} --hash=sha256:{SDIST_SHA256}\n")
-        env = dict(os.environ, CMAKE_ARGS=CMAKE_ARGS)
+        cflags = " ".join(filter(None, (os.environ.get("CFLAGS", ""), compiler_flags())))
+        cxxflags = " ".join(filter(None, (os.environ.get("CXXFLAGS", ""), compiler_flags())))
+        env = dict(os.environ, CMAKE_ARGS=CMAKE_ARGS, CFLAGS=cflags, CXXFLAGS=cxxflags)
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(len(os.sched_getaffinity(0))))
         command = [
             sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
@@ -79,7 +86,8 @@ def install(key: str) -> None:
         pip += ["-c", str(constraints)]
     subprocess.run([*pip, str(wheel)], check=True)  # its dependencies, pinned
     subprocess.run([*pip, "--force-reinstall", "--no-deps", str(wheel)], check=True)  # this build
-    record = {"cpu_key": key, "wheel": str(wheel), "cmake_args": CMAKE_ARGS}
+    record = {"build_key": key, "wheel": str(wheel), "cmake_args": CMAKE_ARGS,
+              "compiler_flags": compiler_flags()}  # fmt: skip
     (Path(sys.prefix) / BUILD_FILE).write_text(json.dumps(record, indent=2) + "\n")
 
 
@@ -114,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--check", action="store_true", help="only check this venv's build")
     args = parser.parse_args(argv)
-    key = cpu_key()
+    key = build_key()
     if installed_key() == key:
         print(f"[llamacpp] {PACKAGE} {VERSION} is installed for this CPU ({key})", file=sys.stderr)
         return 0
