@@ -53,9 +53,9 @@ def build_wheel(directory: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix="avspec-llamacpp-") as work:
         requirements = Path(work) / "requirements.txt"
         requirements.write_text(f"{PACKAGE}=={VERSION} --hash=sha256:{SDIST_SHA256}\n")
-        cflags = " ".join(filter(None, (os.environ.get("CFLAGS", ""), compiler_flags())))
-        cxxflags = " ".join(filter(None, (os.environ.get("CXXFLAGS", ""), compiler_flags())))
-        env = dict(os.environ, CMAKE_ARGS=CMAKE_ARGS, CFLAGS=cflags, CXXFLAGS=cxxflags)
+        env, extra = dict(os.environ, CMAKE_ARGS=CMAKE_ARGS), compiler_flags()
+        for name in ("CFLAGS", "CXXFLAGS"):  # the user's own flags kept, ours after them
+            env[name] = " ".join(filter(None, (env.get(name, ""), extra)))
         env.setdefault("CMAKE_BUILD_PARALLEL_LEVEL", str(len(os.sched_getaffinity(0))))
         command = [
             sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
