@@ -35,6 +35,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tqdm import tqdm
 
+from avspec.runtime.tokenizer import Tokenizer
 from avspec.serving.repository import SERVING_DTYPES
 from avspec.serving.stages.metrics import Samples, parse_metrics
 from avspec.tools.bench.frontier import (
@@ -174,11 +175,32 @@ def run_phase(
     return done, time.perf_counter() - start
 
 
-def load_prompts(directory: Path, workload: str, count: int) -> list[str]:
+def load_prompts(
+    directory: Path,
+    workload: str,
+    count: int,
+    max_tokens: int | None = None,
+    tokenizer: Tokenizer | None = None,
+) -> list[str]:
+    """`count` prompts of the workload spread over its file; with `max_tokens`, only those of
+    at most that many tokens by `tokenizer` (an answer of --max-tokens must fit the context)."""
     lines = (directory / f"{workload}.jsonl").read_text(encoding="utf-8").splitlines()
     prompts = [json.loads(line)["prompt"] for line in lines if line.strip()]
+    if max_tokens is not None and tokenizer is not None:
+        prompts = [p for p in prompts if len(tokenizer.encode(p)) <= max_tokens]
+        if not prompts:
+            raise SystemExit(f"{workload}: no prompt of at most {max_tokens} tokens")
     count = min(count, len(prompts))
     return [prompts[i * len(prompts) // count] for i in range(count)]
+
+
+def prompt_tokenizer(args: argparse.Namespace) -> Tokenizer | None:
+    """The tokenizer that counts prompts for --max-prompt-tokens (None without it)."""
+    if args.max_prompt_tokens is None:
+        return None
+    from avspec.runtime.hf_tokenizer import HFTokenizer
+
+    return HFTokenizer.from_directory(args.tokenizer)
 
 
 def sweep(
@@ -198,7 +220,11 @@ def sweep(
         for i in range(len(arms))
     ]
     total = sum(requests_per_phase(args, c) for _, c, _, _ in phases)
-    prompts = {w: load_prompts(args.workload_dir, w, args.prompts) for w in args.workloads}
+    tokenizer = prompt_tokenizer(args)
+    prompts = {
+        w: load_prompts(args.workload_dir, w, args.prompts, args.max_prompt_tokens, tokenizer)
+        for w in args.workloads
+    }
     if args.warmup_requests:
         av = [a for a in arms if a.adaptive] or arms
         c = max(args.concurrency)
@@ -418,6 +444,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workload-dir", type=Path, default=ROOT / "workloads")
     p.add_argument("--prompts", type=int, default=64, help="prompts per workload (cycled)")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(
+        "--max-prompt-tokens", type=int, default=None,
+        help="skip prompts longer than this (prompt + max_tokens + kmax must fit max_context)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tokenizer", type=Path, default=ROOT / "models" / "target",
+        help="the model directory whose tokenizer counts --max-prompt-tokens",
+    )  # fmt: skip
     p.add_argument(
         "--ignore-eos", action="store_true",
         help="every answer runs to --max-tokens (the same work in every arm, whatever it samples)",

@@ -51,6 +51,11 @@ from avspec.av.survival import admit, survival
 from avspec.checks import check_finite, check_same_device, check_shape
 from avspec.contract import VerifierInputs
 
+# Every this many steps a plan of depth 0 drafts one position: without fresh scores a row the
+# plan stopped keeps its stale ones, and a stop decided once would hold for the rest of the
+# request (step logs showed 30+ steps without a draft at one request, and to the end at 16).
+PROBE_INTERVAL = 8
+
 if TYPE_CHECKING:
     from avspec.av.cost_refresh import CostRefresh
 
@@ -88,7 +93,8 @@ class AdaptiveVerifier:
 
     cost: the step cost model the budget and the drafting plan use; refresh, when given, updates
     it from measured stage times (avspec.av.cost_refresh). drafting=False emits no plan: every
-    row drafts its cap, as before adaptive drafting.
+    row drafts its cap, as before adaptive drafting. probe_interval: every this many steps the
+    plan drafts at least one position (0: never), so a stop is re-examined on fresh scores.
     """
 
     def __init__(
@@ -98,12 +104,14 @@ class AdaptiveVerifier:
         check_values: bool = False,
         refresh: CostRefresh | None = None,
         drafting: bool = True,
+        probe_interval: int = PROBE_INTERVAL,
     ) -> None:
         self.estimator = estimator
         self.cost = cost
         self.check_values = check_values
         self.refresh = refresh
         self.drafting = drafting
+        self.probe_interval = probe_interval
         self._pending: _Record | None = None
         # Last step's survival rows [prev_batch, position] and seq id -> row; released ids leave
         # the map. In steady state the batch repeats in order and the rows are reused as they are.
@@ -202,7 +210,10 @@ class AdaptiveVerifier:
             rows, num_draft_tokens, adaptive, adaptive_drafting, base_tokens, self.cost,
             price_first_draws=True,
         )  # fmt: skip
-        head = torch.stack([plan.threshold.float(), plan.depth.float(), self.estimator.slope])
+        depth = plan.depth
+        if self.probe_interval and self.num_steps % self.probe_interval == 0:
+            depth = depth.clamp_min(1)  # a probe: fresh scores for rows the plan had stopped
+        head = torch.stack([plan.threshold.float(), depth.float(), self.estimator.slope])
         return torch.cat([head, self.estimator.intercepts[: rows.shape[1]].float()])
 
     def _draft_ms_saved(

@@ -342,6 +342,21 @@ def test_draft_plan_follows_a_refit():
     assert torch.equal(decision.draft_plan[3:], verifier.estimator.intercepts[:K])
 
 
+@pytest.mark.parametrize("interval", [0, 4])
+def test_a_stopped_plan_probes_one_position_every_interval(interval):
+    """Draft passes that never pay plan depth 0; every `probe_interval` steps the plan drafts
+    one position anyway, so the stop is re-examined on fresh scores (0: never)."""
+    dear = StepCost(CostTable([1], [1000.0], name="draft_pass"), STEEP)
+    verifier = _verifier(cost=dear, probe_interval=interval)
+    depths = []
+    for step in range(12):
+        prev = [1, 1] if step else []
+        decision = verifier.step(_args([1, 2], [[-2.0] * K] * 2, prev=prev, drafting=[True] * 2))
+        depths.append(int(decision.draft_plan[1]))
+    probes = [n for n in range(1, 13) if interval and n % interval == 0]
+    assert depths == [1 if n in probes else 0 for n in range(1, 13)]
+
+
 def test_no_plan_when_drafting_is_off():
     on, off = _verifier(), _verifier(drafting=False)
     for verifier in (on, off):

@@ -66,3 +66,20 @@ def test_write_outputs(tmp_path: Path):
     assert goals["av_over_best_fixed"] == pytest.approx({"1": 12.5 / 12, "4": 40 / 30})
     assert (tmp_path / "frontier_code.png").stat().st_size > 1000
     assert (tmp_path / "points.csv").read_text().count("\n") == 7
+
+
+class _CharTokenizer:
+    """One token per character: enough to count."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+
+def test_load_prompts_skips_prompts_that_leave_no_room(tmp_path: Path):
+    prompts = ["a" * 3, "b" * 9, "c" * 5, "d" * 2]
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    assert bench.load_prompts(tmp_path, "chat", 2) == ["aaa", "ccccc"]  # spread over the file
+    fitting = bench.load_prompts(tmp_path, "chat", 8, 5, _CharTokenizer())
+    assert fitting == ["aaa", "ccccc", "dd"]  # the 9-token prompt skipped
+    with pytest.raises(SystemExit, match="no prompt of at most 1 tokens"):
+        bench.load_prompts(tmp_path, "chat", 8, 1, _CharTokenizer())
