@@ -8,7 +8,10 @@ step's wall milliseconds, and every `every` steps it rewrites the StepCost in pl
 - each observation of a table (a draft pass, or the target forward) gives a ratio
   observed ms / PROFILED ms at its size (for the target: its table at the tokens plus
   verify_row_ms times its rows) and joins the window (the last `window` ratios) of the
-  nearest ladder size of that table (absolute distance, ties to the smaller size);
+  nearest ladder size of that table (absolute distance, ties to the smaller size); an
+  observation past the table's largest size is left out: its ratio measures how wrong the
+  profiled extrapolation is there (a prefill of 2,230 tokens served in 3.3 s against 0.6 s
+  extrapolated from a ladder ending at 576), and it would rescale the last point by that;
 - the new table is the profiled one with each ladder point scaled by the median ratio of its
   window (a point with no ratios: the median of all the table's ratios; a table with none at all
   is left as it is), refitted isotonically with each point weighted by its number of ratios;
@@ -156,6 +159,8 @@ class CostRefresh:
 
     def _add(self, name: str, size: int, ms: float, extra_ms: float = 0.0) -> None:
         profiled: CostTable = getattr(self.profiled, name)
+        if size > profiled.sizes[-1]:
+            return  # past the ladder (see the module doc)
         predicted = profiled.at(size) + extra_ms
         if predicted <= 0.0:
             return  # a free point has no ratio

@@ -125,6 +125,18 @@ def test_one_outlier_does_not_move_the_table():
     assert cost.overhead_ms == pytest.approx(0.5)
 
 
+def test_steps_past_the_ladder_do_not_rescale_its_last_point():
+    """A prefill far past the largest size (here 4x dearer than the profiled extrapolation)
+    says nothing about the last ladder point; it is left out, not bucketed there."""
+    cost = _profiled()
+    refresh = CostRefresh(cost, window=16, every=4)
+    for _ in range(8):
+        _step(refresh, [8], 576)  # as profiled at the last point
+        refresh.observe([8], [1.8], 2304, 4 * refresh.profiled.verify.at(2304), None)
+    assert refresh.updates == 4
+    assert cost.verify.at(576) == pytest.approx(refresh.profiled.verify.at(576), rel=1e-12)
+
+
 def test_overhead_recovered_on_synthetic_steps():
     cost = _profiled()
     refresh = CostRefresh(cost, window=32, every=8)
