@@ -21,6 +21,9 @@ functions (avspec.tools.bench.replay):
 
     python client/replay_steps.py bench/av_sweep/torch-t1.0-chat bench/av_sweep/torch-t1.0-code
     python client/replay_steps.py bench/av_sweep/torch-t1.0-* --gpu --out bench/av_sweep/gpu
+
+`--probe-interval 0` replays the verifier without the probe of stopped drafting plans, as it
+was served before December 6 (the sweeps recorded that day), to validate against them.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from avspec.av.cost_file import load_step_cost
+from avspec.av.verifier import PROBE_INTERVAL
 from avspec.tools.bench.frontier import (
     X_KEY,
     Y_KEY,
@@ -74,8 +78,9 @@ def replay_directory(directory: Path, args: argparse.Namespace) -> list[dict[str
                 for arm, runs in by_arm.items()
             }
         result = replay_point(
-            recorded, cost, arms, c, config, none_runs_draft=not args.gpu, lengths=lengths
-        )
+            recorded, cost, arms, c, config, none_runs_draft=not args.gpu, lengths=lengths,
+            probe_interval=args.probe_interval,
+        )  # fmt: skip
         for arm, values in result.items():
             points.append({"workload": workload, "concurrency": c, "arm": arm, **values})
     return points
@@ -154,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--context", type=int, default=512, help="--gpu: KV tokens each row reads")
     p.add_argument("--overhead-ms", type=float, default=2.0, help="--gpu: fixed ms per step")
     p.add_argument("--out", type=Path, default=None, help="--gpu: output directory")
+    p.add_argument(
+        "--probe-interval", type=int, default=PROBE_INTERVAL,
+        help="the verifier's probe of stopped plans (0: as served before probes, December 6)",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.gpu and args.out is None:
         p.error("--gpu needs --out")

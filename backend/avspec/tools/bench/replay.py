@@ -33,7 +33,7 @@ from avspec.av.cost_refresh import CostRefresh
 from avspec.av.drafting import DraftPlan
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
 from avspec.av.step_cost import StepCost, rows_per_pass
-from avspec.av.verifier import AdaptiveVerifier
+from avspec.av.verifier import PROBE_INTERVAL, AdaptiveVerifier
 from avspec.config import EstimatorConfig
 from avspec.tools.bench.oracle import RecordedSteps, av_step, step_ms
 
@@ -164,6 +164,7 @@ def replay_point(
     config: EstimatorConfig | None = None,
     none_runs_draft: bool = True,
     lengths: dict[str, Sequence[int]] | None = None,
+    probe_interval: int = PROBE_INTERVAL,
 ) -> dict[str, dict[str, float]]:
     """Per arm (bench_serving names, plus `oracle`): tokens, modelled ms, tokens/s and tokens/s
     per user of the recorded requests served again by `concurrency` closed-loop users.
@@ -175,6 +176,7 @@ def replay_point(
     and verifies, and the row's outcome accepts min(verified, accepted) + 1 tokens. The batch
     is whatever the arm's own pace leaves running, so a slower arm has a longer tail, as served.
     Tokens/s per user leaves out each request's first step (its time to first token).
+    probe_interval: the verifier's (AdaptiveVerifier; 0 replays a server without probes).
     """
     positions = recorded.features.shape[1]
     sequences = recorded_sequences(recorded)
@@ -184,7 +186,9 @@ def replay_point(
         verifier = None
         if key in ("av", "av_drafting"):
             estimator = AcceptanceEstimator(config or EstimatorConfig(num_positions=positions))
-            verifier = AdaptiveVerifier(estimator, cost, drafting=key == "av_drafting")
+            verifier = AdaptiveVerifier(
+                estimator, cost, drafting=key == "av_drafting", probe_interval=probe_interval
+            )
         served = sequences
         if lengths is not None and arm in lengths:
             served = [
