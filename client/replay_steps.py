@@ -10,8 +10,9 @@ every concurrency from those steps through the verifier's and the drafting plan'
 functions (avspec.tools.bench.replay):
 
 - host (default): the profiled tables refreshed by the stage times recorded at the same
-  concurrency (every arm's steps: the cost of each step shape as served), the none arm running
-  the draft's pass as this server does. The decisions, drafts and outcomes of every arm come
+  concurrency (every arm's steps: the cost of each step shape as served); a step in which no row
+  drafts runs the draft's pass or not as the recording's server did (it has deferred them since
+  December 7, avspec.tools.bench.replay). The decisions, drafts and outcomes of every arm come
   from the source arm's steps alone. Writes
   `replay_host.json` / `.txt`: predicted against served tokens/s at every point;
 - `--gpu`: a modelled GPU target (avspec.tools.bench.gpu_cost; Llama-3.1-8B verifying and
@@ -46,6 +47,7 @@ from avspec.tools.bench.frontier import (
 )
 from avspec.tools.bench.gpu_cost import gpu_step_cost
 from avspec.tools.bench.replay import (
+    draft_deferred,
     recorded_steps,
     replay_point,
     served_cost,
@@ -68,7 +70,8 @@ def replay_directory(directory: Path, args: argparse.Namespace) -> list[dict[str
     points = []
     for c, by_arm in sorted(phases.items()):
         # this host: the tables refreshed by every arm's steps at this concurrency
-        cost = gpu if args.gpu else served_cost(profiled, [p for r in by_arm.values() for p in r])
+        served = [p for r in by_arm.values() for p in r]
+        cost = gpu if args.gpu else served_cost(profiled, served)
         lines = [line for run in by_arm[args.source] for line in run]
         recorded = recorded_steps(lines, config.num_positions)
         lengths = None
@@ -78,7 +81,8 @@ def replay_directory(directory: Path, args: argparse.Namespace) -> list[dict[str
                 for arm, runs in by_arm.items()
             }
         result = replay_point(
-            recorded, cost, arms, c, config, none_runs_draft=not args.gpu, lengths=lengths,
+            recorded, cost, arms, c, config, defers_draft=args.gpu or draft_deferred(served),
+            lengths=lengths,
             probe_interval=args.probe_interval,
         )  # fmt: skip
         for arm, values in result.items():

@@ -41,7 +41,7 @@ def plan_step(
     adaptive_drafting: torch.Tensor,
     base_tokens: int,
     cost: StepCost,
-    price_first_draws: bool = False,
+    for_next_step: bool = False,
 ) -> StepPlan:
     """Budget, depth and threshold from stale survival values; see the module doc.
 
@@ -61,11 +61,20 @@ def plan_step(
         threshold   = (expected / ms at the budget) * (ms[budget] - ms[0]) / budget
                       (budget 0: times the marginal ms of a first draft)
 
-    price_first_draws: for the next step's plan, where depth 0 skips the draft's output layer
-    and sampling for every adaptive drafter: a budget admitting any of their drafts also pays
-    x_0's draws, priced as one pass of all of them (an overestimate: that pass's forward ran
-    over the pending tokens anyway), so a large batch falls back to no drafts when x_0 alone
-    does not pay for itself. Off for the step's own budget, whose x_0 was drawn already.
+    for_next_step: for the next step's plan, two more things are priced.
+    - Opening: when no other row drafts, a budget admitting no drafter's draft saves the pass
+      over the pending tokens (a draft whose rows all draw nothing defers it,
+      avspec.engine.draft_stage), priced by the draft-pass table at base_tokens (output layer
+      and draws included, as the table measured them). So a batch falls back to no draft pass
+      at all when its x_0s do not pay for that pass. Replayed (client/replay_steps.py), this
+      beat adding one pass of all the drafters as the price of their draws, which doubled the
+      price of opening on a memory-bound GPU (ad8 / best arm 0.90-0.97 against 0.96-1.01).
+    - Depth: the argmax runs over every depth limit D = 0..K as well, the drafters' candidates
+      restricted to positions < D (ties: smallest D). A draft pass costs about the same for 1
+      row as for 64 on a memory-bound GPU, so a prefix of the score order (whose best scores are
+      often deep positions of confident rows, each opening a pass) can price every x_0 of a
+      large batch out, where x_0 alone, with no deeper pass, pays.
+    Off for the step's own budget, whose draws and passes were made already.
 
     The threshold is the exchange rate of the budget: a draft is worth drafting while its
     survival pays for what an admitted draft costs on average (its row in a draft pass, its
@@ -104,48 +113,64 @@ def plan_step(
     rows_ms = cost.verify_row_ms * batch  # every row runs through the target
     fixed_ms = cost.overhead_ms + pending_ms + rows_ms + cost.pass_ms(full_rows).sum()
 
-    # Position-major order with a stable sort: ties go to the earlier position, then the row.
+    # One curve per depth limit D (only D = K without for_next_step): the drafters'
+    # candidates at positions < D. Position-major order with a stable sort: ties go to the
+    # earlier position, then the row.
+    limits = torch.arange(num_pos + 1, device=device) if for_next_step else positions[-1:] + 1
+    kept = ~drafter[None, :, None] | (positions[None, None, :] < limits[:, None, None])
+    flat_cand = (candidates[None] & kept).transpose(1, 2).reshape(limits.shape[0], -1)  # [D, n]
     flat = stale.double().transpose(0, 1).reshape(-1)  # [K * batch], index p * batch + r
-    flat_cand = candidates.transpose(0, 1).reshape(-1)
     key = torch.where(flat_cand, flat.clamp(0.0, 1.0), torch.full_like(flat, -1.0))
-    order = torch.sort(key, descending=True, stable=True).indices
-    scores = key[order].clamp_min(0.0)  # non-candidates last, scoring 0
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices
+    scores = key.gather(1, order).clamp_min(0.0)  # non-candidates last, scoring 0
+    cand = flat_cand.gather(1, order)
     pos = order // max(batch, 1)
     row = order % max(batch, 1)
-    joins = flat_cand[order] & drafter[row] & (pos >= 1)  # adds a row to draft pass `pos`
-    onehot = torch.nn.functional.one_hot(pos, num_pos).long() * joins[:, None].long()  # [n, K]
-    before = ((torch.cumsum(onehot, 0) - onehot) * onehot).sum(-1)  # earlier joiners of pass
+    joins = cand & drafter[row] & (pos >= 1)  # adds a row to draft pass `pos`
+    onehot = torch.nn.functional.one_hot(pos, num_pos).long() * joins[..., None].long()
+    before = ((torch.cumsum(onehot, 1) - onehot) * onehot).sum(-1)  # earlier joiners of pass
     rows_then = full_rows[pos] + before
     extra = torch.where(joins, cost.pass_ms(rows_then + 1) - cost.pass_ms(rows_then), 0.0)
 
-    zero = scores.new_zeros(1)
-    expected = batch + torch.cat([zero, torch.cumsum(scores, 0)])
-    sizes = torch.arange(scores.shape[0] + 1, device=device)
-    millis = fixed_ms + torch.cat([zero, torch.cumsum(extra, 0)]) + cost.verify(tokens + sizes)
-    drafter_admitted = flat_cand[order] & drafter[row]  # [n]: the b-th best is a drafter's
-    if price_first_draws:
-        opened = torch.cat([zero.bool(), torch.cumsum(drafter_admitted.long(), 0) > 0])
-        first_ms = cost.pass_ms(drafter.sum()).double()
-        millis = millis + torch.where(opened, first_ms, 0.0)
+    zero = scores.new_zeros(limits.shape[0], 1)
+    expected = batch + torch.cat([zero, torch.cumsum(scores, 1)], 1)  # [D, n + 1]
+    sizes = torch.arange(scores.shape[1] + 1, device=device)
+    verify = cost.verify(tokens + sizes).double()
+    millis = fixed_ms + torch.cat([zero, torch.cumsum(extra, 1)], 1) + verify
+    drafter_admitted = cand & drafter[row]  # [D, n]: the b-th best is a drafter's
+    if for_next_step:
+        opened = torch.cat([zero.bool(), torch.cumsum(drafter_admitted.long(), 1) > 0], 1)
+        others_draft = ((caps > 0) & ~drafter).any()  # they run the pending pass anyway
+        millis = millis - torch.where(others_draft | opened, 0.0, pending_ms)
     ratio = expected / millis.clamp_min(1e-12)
-    budget = torch.where(ratio == ratio.max(), sizes, sizes.shape[0]).min().long()
-
-    admitted = (sizes[1:] <= budget) & drafter_admitted
-    deepest = torch.where(admitted, pos + 1, 0)  # 1 + position of each admitted draft
+    flat_ratio = ratio.reshape(-1)  # index d * (n + 1) + b: ties -> smallest D, then b
+    where = torch.arange(flat_ratio.shape[0], device=device)
+    best = torch.where(flat_ratio == flat_ratio.max(), where, flat_ratio.shape[0]).min()
+    width = sizes.shape[0]
+    # take / index_select, not [...]: indexing by a 0-dim tensor reads it on the host (a CUDA
+    # sync, seen on an H200 by client/gpu_check.py)
+    chosen = (best // width).reshape(1)
+    budget = best % width
+    admitted = (sizes[1:] <= budget) & drafter_admitted.index_select(0, chosen)[0]
+    deepest = torch.where(admitted, pos.index_select(0, chosen)[0] + 1, 0)
     depth = deepest.max() if deepest.numel() else pos.new_zeros(())
     drafters = drafter.sum()
-    # take, not [budget]: indexing by a 0-dim tensor reads it on the host (a CUDA sync, seen on
-    # an H200 by client/gpu_check.py)
-    rate = ratio.take(budget)
+    rate = flat_ratio.take(best)
+    curve = millis.index_select(0, chosen)[0]
     # ms per admitted draft on average (passes opened and verify-cost steps included), so a
     # staircase table does not make the next step's slope the price of every draft; with
     # nothing admitted, the marginal ms of the first draft.
     first = (
         cost.draft_pass.slope(drafters.clamp_min(1)).double() + cost.verify.slope(tokens).double()
     )
-    average = (millis.take(budget) - millis[0]) / budget.clamp_min(1)
+    average = (curve.take(budget) - curve[0]) / budget.clamp_min(1)
     marginal = torch.where(budget > 0, average, first)
     threshold = (rate * marginal).clamp(0.0, 1.0)
     return StepPlan(
-        budget, depth.long(), threshold, expected.take(budget), millis.take(budget), millis[0]
+        budget,
+        depth.long(),
+        threshold,
+        expected.reshape(-1).take(best),
+        curve.take(budget),
+        millis[0, 0],
     )

@@ -121,6 +121,8 @@ class AdaptiveVerifier:
         self.num_observed = 0
         self.num_dropped_records = 0  # outcomes whose length did not match the recorded batch
         self.num_bad_timings = 0  # prev_timing_ms the cost refresh refused
+        self._inputs_deferred = False  # the last timed step's draft ran no pass (see below)
+        self._plan_depth: torch.Tensor | None = None  # D of the last plan handed to the draft
 
     def step(self, inputs: VerifierInputs) -> VerifyDecision:
         """Decide num_verify for one step; see the module docstring for the order of work and
@@ -167,8 +169,14 @@ class AdaptiveVerifier:
 
         in_topk = candidates & adaptive[:, None]
         stale = self._stale_rows(ids, num_pos, features.device)
+        # The draft passes of this step ran already: priced as a fixed cost, every drafter at
+        # the depth the plan let it reach, none as a price per admitted draft.
+        caps = num_draft_tokens.long()
+        if self._plan_depth is not None:
+            reach = caps.clamp(max=self._plan_depth.to(caps.device))
+            caps = torch.where(adaptive.bool() & adaptive_drafting.bool(), reach, caps)
         plan = plan_step(
-            stale, num_draft_tokens, adaptive, adaptive_drafting, base_tokens, self.cost
+            stale, caps, adaptive, torch.zeros_like(adaptive_drafting), base_tokens, self.cost
         )
         admitted = admit(values, in_topk, plan.budget)
         num_verify = torch.where(adaptive, admitted, num_drafted.int()).int()
@@ -205,14 +213,16 @@ class AdaptiveVerifier:
         layout of DraftPlan.to_tensor), built without a host sync; empty when drafting is off.
         """
         if not self.drafting:
+            self._plan_depth = None
             return torch.zeros(0, device=rows.device)
         plan = plan_step(
             rows, num_draft_tokens, adaptive, adaptive_drafting, base_tokens, self.cost,
-            price_first_draws=True,
+            for_next_step=True,
         )  # fmt: skip
         depth = plan.depth
         if self.probe_interval and self.num_steps % self.probe_interval == 0:
             depth = depth.clamp_min(1)  # a probe: fresh scores for rows the plan had stopped
+        self._plan_depth = depth
         head = torch.stack([plan.threshold.float(), depth.float(), self.estimator.slope])
         return torch.cat([head, self.estimator.intercepts[: rows.shape[1]].float()])
 
@@ -239,6 +249,12 @@ class AdaptiveVerifier:
         ):
             return
         timing = [float(t) for t in prev_timing_ms.detach().cpu().tolist()]
+        # A step whose pending pass did not run (no row drafted) deferred its inputs to the next
+        # pass, which then runs more tokens than its step's base: that step is not observed.
+        catching_up = self._inputs_deferred and timing[0] > 0
+        self._inputs_deferred = timing[0] == 0
+        if catching_up:
+            return
         drafted = pending.num_drafted.detach().cpu().tolist()
         k = len(timing) - 2
         rows = rows_per_pass(pending.base_tokens, drafted, k)

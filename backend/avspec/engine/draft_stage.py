@@ -10,8 +10,12 @@ How far a row drafts (avspec.av.drafting): without a plan, or for a row that is 
 drafting adaptively, to its `num_draft_tokens`. Otherwise to at most the plan's depth D (0: nothing,
 when the previous step's budget admitted no draft), and past position i only while its survival
 under the plan's (start-of-step) coefficients stays >= tau. The output layer runs only for the rows
-that draft: a step in which no row drafts costs the pass over the pending tokens alone (what keeps
-the draft's cache current). On the CPU a row that stopped leaves the batch of the next pass
+that draft. A step in which no row drafts (a plan of depth 0, or no row asking for drafts) runs
+nothing: each row's pending inputs are deferred (`SequenceSlots.defer`) and run in front of its
+inputs of the next step that drafts, so the draft's cache is current whenever it draws. On a
+memory-bound GPU that saves the whole pass (a pass over 16 rows costs what one over 1 does); where
+compute binds (this CPU) the tokens cost about the same later, and the step saves the pass's fixed
+cost. On the CPU a row that stopped leaves the batch of the next pass
 (compaction: the pass costs what its rows cost). On CUDA the rows are masked instead, so the loop
 never reads a device value: D and the limits are host numbers from the plan, stopped rows still run
 but draft nothing (not yet run on a GPU).
@@ -121,9 +125,9 @@ class DraftStage(ModelStage):
         for position in range(k):
             rows = [r for r in rows if limits[r] > position and alive.may_draft(r)]
             if not rows:
-                if position == 0:  # nothing drafted: pass 0 is the pending-input forward alone
+                if position == 0 and hidden.numel():  # no draw, but the pending pass ran
                     out.pass_ms[0] = (time.perf_counter() - started) * 1e3
-                break
+                break  # (an empty `hidden`: the pass's inputs were deferred, it did not run)
             index = torch.tensor(rows, device=self.device)  # [rows]
             if position == 0:
                 logits = self._logits(hidden[index])
@@ -148,10 +152,17 @@ class DraftStage(ModelStage):
         offsets = self.slots.prepare(step)
         if not step.seq_ids:
             return None
-        lengths = [n - o for n, o in zip(step.input_lengths, offsets, strict=True)]
-        packed = torch.cat(
-            [inputs.input_ids[r, offsets[r] : n] for r, n in enumerate(step.input_lengths)]
-        ).to(self.device, torch.int64)  # [tokens]
+        rows = [inputs.input_ids[r, offsets[r] : n] for r, n in enumerate(step.input_lengths)]
+        if not any(limits):  # no row draws: nothing reads the pass, run it with the next one
+            for seq_id, tokens in zip(step.seq_ids, rows, strict=True):
+                self.slots.defer(seq_id, tokens)
+            return torch.zeros(len(rows), 0, device=self.device)  # no row reads it
+        for r, seq_id in enumerate(step.seq_ids):
+            deferred = self.slots.take_deferred(seq_id)
+            if deferred is not None:
+                rows[r] = torch.cat([deferred, rows[r]])
+        lengths = [int(tokens.numel()) for tokens in rows]
+        packed = torch.cat(rows).to(self.device, torch.int64)  # [tokens]
         last = torch.tensor(lengths, device=self.device).cumsum(0) - 1  # [batch]
         return self.forward_cached(step.seq_ids, packed, lengths, at=last)
 

@@ -5,6 +5,11 @@ step's `release_seq_ids`, free sequences idle past `idle_timeout_s`, then for ea
 `min(cached_length, start + reusable)` cached positions (allocating new ones) and report which
 `input_ids` still have to run through the model.
 
+A stage may defer a sequence's inputs (`defer`): they are held, not run, and count as cached for
+the cache rule, so the next `prepare` asks only for what came after them; `take_deferred` hands
+them back to run in front of that step's inputs. The draft stage defers a step in which no row
+drafts (avspec.engine.draft_stage), so that step costs it nothing.
+
 Generators are seeded from `random_seed ^ salt` whenever a sequence takes its first step
 (start == 0), so a replayed first step draws the same numbers and each stage (draft, target) owns
 a separate stream. A sequence's draws never depend on which other sequences share its batch.
@@ -63,6 +68,7 @@ class SequenceSlots:
         self.clock = clock
         self._generators: dict[int, torch.Generator] = {}
         self._last_seen: dict[int, float] = {}
+        self._deferred: dict[int, list[torch.Tensor]] = {}  # inputs held, not yet run
 
     def release(self, seq_ids: Sequence[int]) -> None:
         """Free the cache slot and generator of each id; unknown ids are ignored."""
@@ -71,6 +77,7 @@ class SequenceSlots:
                 self.cache.free(seq_id)
             self._generators.pop(seq_id, None)
             self._last_seen.pop(seq_id, None)
+            self._deferred.pop(seq_id, None)
 
     def sweep_idle(self, keep: Collection[int] = ()) -> list[int]:
         """Free sequences not seen for `idle_timeout_s`, except `keep`; return their ids."""
@@ -95,14 +102,40 @@ class SequenceSlots:
         for seq_id, start, reusable in zip(
             step.seq_ids, step.start_positions, step.reusable, strict=True
         ):
-            keep = min(self.cache.length(seq_id), start + reusable)
+            keep = min(self.held(seq_id), start + reusable)
             if keep < start:
                 raise ValueError(
                     f"sequence {seq_id}: cache holds {keep} positions, fewer than start {start}"
                 )
-            self.cache.rollback(seq_id, keep)
+            self._keep(seq_id, keep)
             offsets.append(keep - start)
         return offsets
+
+    def held(self, seq_id: int) -> int:
+        """Positions the sequence holds here: its cache and its deferred inputs."""
+        deferred = sum(t.numel() for t in self._deferred.get(seq_id, ()))
+        return self.cache.length(seq_id) + deferred
+
+    def defer(self, seq_id: int, tokens: torch.Tensor) -> None:
+        """Hold `tokens` [n] (the inputs `prepare` asked to run) instead of running them."""
+        if tokens.numel():
+            self._deferred.setdefault(seq_id, []).append(tokens.detach().reshape(-1))
+
+    def take_deferred(self, seq_id: int) -> torch.Tensor | None:
+        """The sequence's deferred inputs [n] in order (None: none), no longer held."""
+        held = self._deferred.pop(seq_id, None)
+        return torch.cat(held) if held else None
+
+    def _keep(self, seq_id: int, keep: int) -> None:
+        """Hold the first `keep` positions: roll the cache back, or trim the deferred inputs."""
+        cached = self.cache.length(seq_id)
+        if keep <= cached:
+            self._deferred.pop(seq_id, None)
+            self.cache.rollback(seq_id, keep)
+            return
+        deferred = self.take_deferred(seq_id)
+        if deferred is not None:
+            self.defer(seq_id, deferred[: keep - cached])
 
     def admit(self, step: HostStep) -> None:
         """Release `step.release_seq_ids`, sweep idle sequences, and give each new sequence

@@ -225,19 +225,65 @@ def test_depth_is_zero_when_nothing_is_admitted(caps, cost):
     assert int(plan.depth) == 0
 
 
-def test_the_next_plan_prices_the_first_draws():
-    """price_first_draws: a budget admitting a drafter's draft also pays one pass of every
-    drafter's x_0; here that pass tips the plan to no drafts, while the step's own budget (x_0
-    already drawn) still admits them."""
+def test_the_next_plan_prices_the_pending_pass_it_would_defer():
+    """for_next_step: a budget admitting no drafter's draft saves the pending pass (the draft
+    defers it); here that saving tips the plan to no drafts, while the step's own budget (the
+    pass ran already) still admits them."""
     stale = [[0.5, 0.2]] * 4
     cost = StepCost.linear(2.0, 2.0, 10.0, 1.0, 8, 64)  # pass 2 + 2 / row; verify 10 + 1 / token
     own = _plan(stale, drafting=[True] * 4, base=4, cost=cost)
     plan_step_next = _plan_next(stale, cost)
     assert int(own.budget) > 0 and int(own.depth) >= 1
     assert int(plan_step_next.budget) == 0 and int(plan_step_next.depth) == 0
-    first = float(cost.pass_ms(torch.tensor(4)))
-    assert float(plan_step_next.base_ms) == pytest.approx(float(own.base_ms))
-    assert first == pytest.approx(10.0)  # own: 6 tokens / 28 ms > 4 / 24; next: 6 / 38 < 4 / 24
+    pending = cost.draft_pass.at(4)
+    assert pending == pytest.approx(10.0)
+    # own: 6 tokens / 28 ms > 4 / 24; next: 6 / 28 < 4 / 14 (no draw, no pending pass)
+    assert float(plan_step_next.base_ms) == pytest.approx(float(own.base_ms) - pending)
+
+
+def test_the_pending_pass_is_saved_only_where_no_row_draws_without_the_plan():
+    """Without a drafted x_0 the plan saves the pending pass (the draft defers it) only when
+    every row that would draft is a drafter: a row drafting to its cap runs that pass anyway."""
+    cost = StepCost.linear(2.0, 2.0, 10.0, 1.0, 8, 64)
+    low = [[0.01, 0.001]] * 3
+    caps, adaptive = torch.full((3,), 1), torch.ones(3, dtype=torch.bool)  # x_0 only: no pass 1
+
+    def base_ms(drafting, caps=caps):
+        plan = plan_step(
+            torch.tensor(low), caps, adaptive, torch.tensor(drafting), 3, cost,
+            for_next_step=True,
+        )  # fmt: skip
+        return float(plan.base_ms)
+
+    pending = cost.draft_pass.at(3)
+    assert base_ms([True, True, True]) == pytest.approx(base_ms([True, True, False]) - pending)
+    # a non-drafting row with no drafts to make (cap 0) does not run the pass either
+    capped = torch.tensor([1, 1, 0])
+    assert base_ms([True, True, False], capped) == pytest.approx(base_ms([True, True, True]))
+
+
+def test_the_plan_may_stop_at_a_depth_the_score_order_would_pass():
+    """A pass costs the same for 1 row as for 8 (a memory-bound GPU): 8 rows whose x_0 pays
+    alone, and one confident row whose deep scores come first in the score order. Every prefix
+    of that order that takes the x_0s opens passes 1..3 for one row: the budget's argmax over
+    prefixes alone drafts nothing; over depth limits it drafts x_0 for all 8, depth 1."""
+    flat = CostTable([1, 64], [3.0, 3.0], name="draft_pass")
+    cost = StepCost(flat, CostTable([1, 64], [20.0, 20.0], name="verify"))
+    # none: 9 / 20 = 0.45; x_0 alone: (9 + 0.99 + 8 x 0.35) / (20 + 3 + 3) = 0.49; the best
+    # prefix of the score order (deep scores first, passes 1..3 opened): 15.7 / 35 = 0.449
+    stale = torch.tensor([[0.99, 0.98, 0.97, 0.96]] + [[0.35, 0.05, 0.01, 0.0]] * 8)
+    batch = stale.shape[0]
+    plan = plan_step(
+        stale, torch.full((batch,), 4), torch.ones(batch, dtype=torch.bool),
+        torch.ones(batch, dtype=torch.bool), batch, cost, for_next_step=True,
+    )  # fmt: skip
+    assert int(plan.depth) == 1 and int(plan.budget) == batch
+    # the same scores, the search over depths off (the step's own budget): all or nothing
+    own = plan_step(
+        stale, torch.full((batch,), 4), torch.ones(batch, dtype=torch.bool),
+        torch.ones(batch, dtype=torch.bool), batch, cost,
+    )  # fmt: skip
+    assert int(own.depth) != 1
 
 
 def _plan_next(stale, cost: StepCost) -> StepPlan:
@@ -245,7 +291,7 @@ def _plan_next(stale, cost: StepCost) -> StepPlan:
     batch, num_pos = stale.shape
     return plan_step(
         stale, torch.full((batch,), num_pos), torch.ones(batch, dtype=torch.bool),
-        torch.ones(batch, dtype=torch.bool), batch, cost, price_first_draws=True,
+        torch.ones(batch, dtype=torch.bool), batch, cost, for_next_step=True,
     )  # fmt: skip
 
 

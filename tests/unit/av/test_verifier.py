@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from avspec.av.budget import StepPlan, plan_step
+from avspec.av.cost_refresh import CostRefresh
 from avspec.av.cost_table import CostTable
 from avspec.av.drafting import DraftPlan
 from avspec.av.estimator import AcceptanceEstimator
@@ -320,7 +321,7 @@ def test_draft_plan_is_threshold_depth_slope_intercepts_of_this_steps_rows():
     conf = torch.sigmoid(0.8 * torch.tensor(features) + torch.tensor([0.5, 0.1, -0.3]))
     # row 1 drafted 2: its last confidence c_1 is repeated past the cap
     rows = torch.stack([conf[0], torch.stack([conf[1, 0], conf[1, 1], conf[1, 1]])]).cumprod(1)
-    want = _plan(rows, [3, 2], 2, drafting=[True, False], cost=cost, price_first_draws=True)
+    want = _plan(rows, [3, 2], 2, drafting=[True, False], cost=cost, for_next_step=True)
     torch.testing.assert_close(plan[0], want.threshold.float())
     assert plan[1] == float(want.depth) and 1 <= int(want.depth) <= K
     assert plan[2] == torch.tensor(0.8)
@@ -481,3 +482,26 @@ def test_a_row_that_drafts_nothing_keeps_its_last_survival_row():
     third = verifier.step(_args([1], [[0.0] * 3], ndt=[3], drafting=[True], prev=[-1]))
     assert int(third.budget) == _budget(row, [3], 1)
     assert _budget(row, [3], 1) != _budget(torch.ones(1, 3), [3], 1)  # the case tells them apart
+
+
+def test_the_step_after_a_deferred_pending_pass_is_not_observed():
+    """A step whose pass 0 took 0 ms ran no draft (its inputs wait for the next pass), so the
+    next pass 0 runs more tokens than its step's base: the cost refresh skips that step and
+    takes the ones around it. A verifier that observes every step (the variant) is caught."""
+
+    class ObservesAll(AdaptiveVerifier):
+        _inputs_deferred = property(lambda self: False, lambda self, value: None)
+
+    def observed(verifier_class) -> int:
+        cost = StepCost(CostTable([1, 8], [1.0, 2.0], name="draft_pass"), STEEP)
+        config = EstimatorConfig(num_positions=K, refit_interval=100)
+        verifier = verifier_class(AcceptanceEstimator(config), cost, refresh=CostRefresh(cost))
+        verifier.step(_args([1, 2], [[0.0] * K] * 2, drafted=[1, 1]))
+        # pass ms per position, target ms, wall ms; the second step deferred, the third caught up
+        for timing in ([1.0, 0, 0, 2, 4], [0, 0, 0, 2, 3], [9.0, 0, 0, 2, 12], [1.0, 0, 0, 2, 4]):
+            inputs = _args([1, 2], [[0.0] * K] * 2, prev=[0, 0], drafted=[1, 1])
+            verifier.step(replace(inputs, prev_timing_ms=torch.tensor(timing, dtype=torch.float32)))
+        return verifier.refresh.steps
+
+    assert observed(AdaptiveVerifier) == 3
+    assert observed(ObservesAll) == 4

@@ -290,11 +290,7 @@ def test_depth_zero_drafts_nothing_runs_no_output_layer_and_keeps_the_cache() ->
         del model.logits
     assert out.num_drafted.tolist() == [0, 3, 0, 0, 0]
     assert rows_seen == [1, 1, 1]  # row 1's three passes, nobody else's
-    idle = make_draft_stage(model)(with_plan(inputs, DraftPlan(0.5, 0, 1.0, (0.0,) * K),
-                                             [True] * len(PLAN_ROWS)))  # fmt: skip
-    assert idle.num_drafted.tolist() == [0] * len(PLAN_ROWS) and idle.draft_probs.shape[1] == 1
-    # pass 0 is then the pending-input forward alone, still timed (the cost refresh reads it)
-    assert idle.pass_ms[0] > 0 and idle.pass_ms[1:].abs().sum() == 0
+    assert out.pass_ms[0] > 0  # row 1 drafts: the pending pass ran for every row
     assert_padding_past_num_drafted(out)
     plain(inputs)
     # next step: no draft accepted, one correction token back for every row
@@ -302,6 +298,66 @@ def test_depth_zero_drafts_nothing_runs_no_output_layer_and_keeps_the_cache() ->
     nxt, ref = stage(make_inputs(follow)), plain(make_inputs(follow))
     torch.testing.assert_close(nxt.draft_probs[:, 0], ref.draft_probs[:, 0])
     torch.testing.assert_close(nxt.draft_features[:, 0], ref.draft_features[:, 0])
+
+
+def test_a_step_where_no_row_drafts_runs_nothing_and_its_inputs_run_with_the_next() -> None:
+    """Every row drafting by a plan of D = 0 for three steps in a row: the draft runs no forward
+    (pass_ms all 0), its cache stays empty, and the inputs wait (`SequenceSlots.defer`). The
+    rows arrive in the first idle step, so their prompts wait too. The first step that drafts
+    runs them in front of its own: its drafts, q and features are those of a stage given the
+    whole history as a prompt (same seeds: no idle step drew a number)."""
+    model = tiny_model(12)
+    lazy = make_draft_stage(model)
+    idle = DraftPlan(0.5, 0, 1.0, (0.0,) * K)
+    calls: list[int] = []
+    forward = model.forward_cached
+    model.forward_cached = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    rows = [dict(r, start=0) for r in PLAN_ROWS]
+    history = [list(r["tokens"]) for r in rows]
+    try:
+        for step in range(3):
+            out = lazy(with_plan(make_inputs(rows), idle, [True] * len(rows)))
+            assert out.num_drafted.tolist() == [0] * len(rows)
+            assert out.pass_ms.abs().sum() == 0, step
+            rows = [
+                dict(r, tokens=[7 + step], start=r["start"] + len(r["tokens"]), reusable=0)
+                for r in rows
+            ]
+            for h in history:
+                h.append(7 + step)
+        assert not calls
+        ids = [r["seq_id"] for r in rows]
+        assert [lazy.slots.held(s) for s in ids] == [r["start"] for r in rows]
+        assert all(lazy.cache.length(s) == 0 for s in ids)
+        out = lazy(make_inputs(rows))
+    finally:
+        del model.forward_cached
+    assert len(calls) >= 1 and out.pass_ms[0] > 0
+    whole = [dict(r, tokens=h) for r, h in zip(PLAN_ROWS, history, strict=True)]
+    ref = make_draft_stage(model)(make_inputs(whole))
+    assert torch.equal(out.draft_tokens, ref.draft_tokens)
+    assert torch.equal(out.num_drafted, ref.num_drafted)
+    torch.testing.assert_close(out.draft_probs, ref.draft_probs)
+    torch.testing.assert_close(out.draft_features, ref.draft_features)
+    fed = [len(h) + n - 1 for h, n in zip(history, CAPS, strict=True)]  # the last draft unfed
+    assert [lazy.cache.length(s) for s in ids] == fed
+
+
+def test_deferred_inputs_leave_with_a_release_and_a_restart() -> None:
+    """A released sequence drops its deferred inputs; one that starts again at position 0
+    holds nothing from before."""
+    model = tiny_model(12)
+    stage = make_draft_stage(model)
+    idle = DraftPlan(0.5, 0, 1.0, (0.0,) * K)
+    rows = [dict(r, start=0) for r in PLAN_ROWS[:2]]
+    stage(with_plan(make_inputs(rows), idle, [True, True]))
+    first, second = rows[0]["seq_id"], rows[1]["seq_id"]
+    assert stage.slots.held(first) == len(rows[0]["tokens"])
+    stage.slots.release([first])
+    assert stage.slots.take_deferred(first) is None
+    out = stage(make_inputs([rows[1]]))  # `second` starts over: its old prompt runs once
+    drafted = int(out.num_drafted[0])
+    assert drafted == 3 and stage.cache.length(second) == len(rows[1]["tokens"]) + drafted - 1
 
 
 def test_rows_not_drafting_adaptively_ignore_the_plan() -> None:

@@ -130,9 +130,18 @@ def arm_steps(
         yield rows, arms
 
 
-def step_ms(cost: StepCost, base_tokens: int, drafted: np.ndarray, verified: np.ndarray) -> float:
-    """Modelled ms of one step: rows drafting `drafted` [rows], the target verifying `verified`."""
-    passes = rows_per_pass(base_tokens, drafted.tolist(), int(drafted.max(initial=0)))
+def step_ms(
+    cost: StepCost,
+    base_tokens: int,
+    drafted: np.ndarray,
+    verified: np.ndarray,
+    pending_tokens: int | None = None,
+) -> float:
+    """Modelled ms of one step: rows drafting `drafted` [rows], the target verifying `verified`
+    over `base_tokens`; the draft's pass 0 over `pending_tokens` (None: base_tokens; 0: no pass,
+    its inputs deferred)."""
+    pending = base_tokens if pending_tokens is None else pending_tokens
+    passes = rows_per_pass(pending, drafted.tolist(), int(drafted.max(initial=0)))
     return cost.step_ms(passes, base_tokens + int(verified.sum()), len(drafted))
 
 

@@ -8,10 +8,12 @@ the functions the served verifier and draft call). Each arm's steps are priced b
 (a StepCost): tokens/s = tokens / modelled time over the phase's steps, and tokens/s per user =
 the mean over sequences of their tokens / the modelled time of the steps they were in.
 
-Arms, by the names of client/bench_serving.py: `none` (no draft pass at all, or with
-`none_runs_draft` the draft's pass over the pending tokens, as this server runs it), `k<N>`,
-`av<K>` (AV at K), `ad<K>` (AV with adaptive drafting at most K), `oracle` (drafts and verifies
-exactly what will be accepted).
+Arms, by the names of client/bench_serving.py: `none` (no draft), `k<N>`, `av<K>` (AV at K),
+`ad<K>` (AV with adaptive drafting at most K), `oracle` (drafts and verifies exactly what will be
+accepted). With `defers_draft` (the server since the draft defers, avspec.engine.draft_stage) a
+step in which no row drafts runs no draft pass, and its rows' inputs join their next pass 0:
+each request's deferred tokens are counted and priced there. Without it (recordings of servers
+before that), every step runs the draft over its pending tokens, `none` included.
 
 `served_cost` fits a StepCost to the served path: the profiled tables refreshed
 (avspec.av.cost_refresh) by the stage times the log recorded, with each step's overhead the gap
@@ -87,14 +89,20 @@ def served_cost(profiled: StepCost, phases: Iterable[Sequence[dict[str, Any]]]) 
 
     Each line's `timing` is the previous line's step: its draft passes (rows from the previous
     line's drafts), its target over base + verified tokens, and as its wall time the gap
-    between the two lines' clocks (the step and everything between steps).
+    between the two lines' clocks (the step and everything between steps). A step right after
+    one whose draft deferred its inputs (pass 0 of 0 ms) is left out, as the verifier leaves it.
     """
     cost = copy.deepcopy(profiled)
     refresh = CostRefresh(cost, window=1 << 30, every=1 << 30)
     for lines in phases:
+        deferred = False
         for line, after in zip(lines, lines[1:], strict=False):
             timing = after["timing"]
-            if not timing or len(after["prev_accepted"]) != len(line["ids"]):
+            catching_up, deferred = (
+                deferred and bool(timing) and timing[0] > 0,
+                (bool(timing) and timing[0] == 0),
+            )
+            if catching_up or not timing or len(after["prev_accepted"]) != len(line["ids"]):
                 continue
             k = len(timing) - 2
             refresh.observe(
@@ -107,6 +115,12 @@ def served_cost(profiled: StepCost, phases: Iterable[Sequence[dict[str, Any]]]) 
             )
     refresh.refresh_now()
     return cost
+
+
+def draft_deferred(phases: Iterable[Sequence[dict[str, Any]]]) -> bool:
+    """Whether the server of these step-log lines deferred the draft (see the module doc): some
+    step's timing shows a pass 0 of 0 ms, which a server that always ran it never records."""
+    return any(line["timing"] and line["timing"][0] == 0 for lines in phases for line in lines)
 
 
 @dataclass
@@ -162,7 +176,7 @@ def replay_point(
     arms: Sequence[str],
     concurrency: int,
     config: EstimatorConfig | None = None,
-    none_runs_draft: bool = True,
+    defers_draft: bool = True,
     lengths: dict[str, Sequence[int]] | None = None,
     probe_interval: int = PROBE_INTERVAL,
 ) -> dict[str, dict[str, float]]:
@@ -177,12 +191,13 @@ def replay_point(
     is whatever the arm's own pace leaves running, so a slower arm has a longer tail, as served.
     Tokens/s per user leaves out each request's first step (its time to first token).
     probe_interval: the verifier's (AdaptiveVerifier; 0 replays a server without probes).
+    defers_draft: a step where no row drafts runs no draft pass (see the module doc).
     """
     positions = recorded.features.shape[1]
     sequences = recorded_sequences(recorded)
     out = {}
     for arm in arms:
-        key = _arm_key(arm, positions, none_runs_draft)
+        key = _arm_key(arm, positions)
         verifier = None
         if key in ("av", "av_drafting"):
             estimator = AcceptanceEstimator(config or EstimatorConfig(num_positions=positions))
@@ -195,7 +210,7 @@ def replay_point(
                 replace(seq, length=max(1, int(n)))
                 for seq, n in zip(sequences, lengths[arm], strict=False)
             ]
-        out[arm] = _serve(recorded, served, concurrency, key, cost, verifier)
+        out[arm] = _serve(recorded, served, concurrency, key, cost, verifier, defers_draft)
     return out
 
 
@@ -206,6 +221,7 @@ def _serve(
     key: str,
     cost: StepCost,
     verifier: AdaptiveVerifier | None,
+    defers_draft: bool,
 ) -> dict[str, float]:
     """One arm's closed loop over `sequences`; see replay_point."""
     queue = list(range(len(sequences)))[::-1]
@@ -217,14 +233,16 @@ def _serve(
     prev_ids: list[int] = []
     prev_outcome = np.zeros(0, dtype=np.int64)
     plan: DraftPlan | None = None
+    deferred = [0] * len(sequences)  # tokens each request's draft holds for its next pass
     while queue or live:
         while queue and len(live) < concurrency:
             live.append(queue.pop())
         rows = [_row(sequences[i], steps_done[i]) for i in live]
         ids = [sequences[i].seq_id for i in live]
         n, a = recorded.num_draft[rows], recorded.num_accepted[rows]
-        base = sum(1 if steps_done[i] else sequences[i].prompt_tokens for i in live)
-        if key == "none":
+        inputs = [1 if steps_done[i] else sequences[i].prompt_tokens for i in live]
+        base = sum(inputs)
+        if key == "k0":
             drafted = verified = np.zeros(len(rows), dtype=np.int64)
         elif key == "oracle":
             drafted = verified = a
@@ -235,10 +253,17 @@ def _serve(
             drafted, verified, plan = av_step(
                 verifier, recorded, rows, ids, prev_ids, prev_outcome, base, plan
             )
-        if key == "none":
-            ms = cost.step_ms([], base, len(rows))
-        else:
-            ms = step_ms(cost, base, drafted, verified)
+        pending = base
+        if defers_draft:
+            if not drafted.any():  # no draw: the inputs wait for the next pass
+                for i, count in zip(live, inputs, strict=True):
+                    deferred[i] += count
+                pending = 0
+            else:
+                pending += sum(deferred[i] for i in live)
+                for i in live:
+                    deferred[i] = 0
+        ms = step_ms(cost, base, drafted, verified, pending)
         remaining = np.array([sequences[i].length - produced[i] for i in live])
         gained = np.minimum(np.minimum(verified, a) + 1, remaining)
         total_tokens += float(gained.sum())
@@ -268,10 +293,10 @@ def _row(sequence: RecordedSequence, step: int) -> int:
     return rows[1 + (step - 1) % (len(rows) - 1)]
 
 
-def _arm_key(arm: str, positions: int, none_runs_draft: bool) -> str:
+def _arm_key(arm: str, positions: int) -> str:
     """The arm_steps key of a bench_serving arm name; ValueError naming a bad one."""
     if arm == "none":
-        return "k0" if none_runs_draft else "none"
+        return "k0"
     if arm == "oracle":
         return "oracle"
     prefix = next((p for p in ("av", "ad", "k") if arm.startswith(p)), "")

@@ -159,3 +159,46 @@ def test_served_cost_prices_each_step_shape_as_recorded() -> None:
     assert cost.verify.at(1 + K) == pytest.approx(2 * profiled.verify.at(1 + K), rel=1e-4)
     assert profiled.overhead_ms == 0.0  # the profiled cost is left as it was
     assert np.isfinite(cost.step_ms([1] * K, 1 + K, 1))
+
+
+def test_a_step_without_draws_defers_the_draft_pass_to_the_next_one() -> None:
+    """none and k1 over one request of prompt 10, outcomes 0: with `defers_draft` none never
+    runs the draft, and a step where no row draws adds its tokens to the next pass 0; without
+    it (servers before the draft deferred) every step runs the draft over its pending tokens."""
+    recorded = recorded_steps(one_request([0, 0, 0, 0], prompt=10), K)
+    cost = StepCost.linear(1.0, 1.0, 0.0, 0.0, 64, 1024)  # a draft pass: 1 + 1 per token
+    lazy = replay_point(recorded, cost, ["none", "k1"], 1, lengths={"none": [5], "k1": [5]})
+    eager = replay_point(recorded, cost, ["none", "k1"], 1, defers_draft=False,
+                         lengths={"none": [5], "k1": [5]})  # fmt: skip
+    assert lazy["none"]["ms"] == 0.0  # no draft pass at all; the target is free here
+    assert eager["none"]["ms"] == pytest.approx((1 + 10) + 4 * (1 + 1))
+    # k1 draws every step after the prompt's (which records no drafts): deferring the
+    # prompt's pass to the next saves that pass's fixed 1 ms, its tokens cost the same
+    assert lazy["k1"]["ms"] == pytest.approx(eager["k1"]["ms"] - 1.0)
+    assert replay.draft_deferred([[line(0.0, [1], [0], [], timing=[0.0, 0, 0, 0, 1.0, 2.0])]])
+    assert not replay.draft_deferred([[line(0.0, [1], [0], [], timing=[3.0, 0, 0, 0, 1.0, 2.0])]])
+
+
+def test_deferred_tokens_are_priced_in_the_pass_that_runs_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An arm that draws nothing for two steps, then draws: its pass 0 runs the prompt and the
+    correction token of the second with its own token."""
+    passes: list[list[int]] = []
+    step_ms = StepCost.step_ms
+
+    def spy(self, rows, tokens, verify_rows):  # type: ignore[no-untyped-def]
+        passes.append(list(rows))
+        return step_ms(self, rows, tokens, verify_rows)
+
+    monkeypatch.setattr(StepCost, "step_ms", spy)
+    draws = iter([0, 0, 1, 1, 1, 1])
+
+    def plan(verifier, recorded, rows, *rest):  # type: ignore[no-untyped-def]
+        n = next(draws)
+        return np.array([n]), np.array([n]), None
+
+    monkeypatch.setattr(replay, "av_step", plan)
+    recorded = recorded_steps(one_request([0, 0, 0, 0, 0], prompt=10), K)
+    replay_point(recorded, flat_cost(), ["ad4"], 1, EstimatorConfig(K), lengths={"ad4": [5]})
+    assert [p[0] for p in passes[:4]] == [0, 0, 10 + 1 + 1, 1]  # prompt, a token, its own
