@@ -68,7 +68,7 @@ class SequenceSlots:
         self.clock = clock
         self._generators: dict[int, torch.Generator] = {}
         self._last_seen: dict[int, float] = {}
-        self._deferred: dict[int, list[torch.Tensor]] = {}  # inputs held, not yet run
+        self._deferred: dict[int, list[int]] = {}  # input ids held, not yet run
 
     def release(self, seq_ids: Sequence[int]) -> None:
         """Free the cache slot and generator of each id; unknown ids are ignored."""
@@ -113,18 +113,17 @@ class SequenceSlots:
 
     def held(self, seq_id: int) -> int:
         """Positions the sequence holds here: its cache and its deferred inputs."""
-        deferred = sum(t.numel() for t in self._deferred.get(seq_id, ()))
-        return self.cache.length(seq_id) + deferred
+        return self.cache.length(seq_id) + len(self._deferred.get(seq_id, ()))
 
     def defer(self, seq_id: int, tokens: torch.Tensor) -> None:
         """Hold `tokens` [n] (the inputs `prepare` asked to run) instead of running them."""
         if tokens.numel():
-            self._deferred.setdefault(seq_id, []).append(tokens.detach().reshape(-1))
+            self._deferred.setdefault(seq_id, []).extend(tokens.reshape(-1).tolist())
 
     def take_deferred(self, seq_id: int) -> torch.Tensor | None:
-        """The sequence's deferred inputs [n] in order (None: none), no longer held."""
+        """The sequence's deferred inputs [n] int32 in order (None: none), no longer held."""
         held = self._deferred.pop(seq_id, None)
-        return torch.cat(held) if held else None
+        return torch.tensor(held, dtype=torch.int32) if held else None
 
     def _keep(self, seq_id: int, keep: int) -> None:
         """Hold the first `keep` positions: roll the cache back, or trim the deferred inputs."""
@@ -132,10 +131,8 @@ class SequenceSlots:
         if keep <= cached:
             self._deferred.pop(seq_id, None)
             self.cache.rollback(seq_id, keep)
-            return
-        deferred = self.take_deferred(seq_id)
-        if deferred is not None:
-            self.defer(seq_id, deferred[: keep - cached])
+        elif seq_id in self._deferred:
+            del self._deferred[seq_id][keep - cached :]
 
     def admit(self, step: HostStep) -> None:
         """Release `step.release_seq_ids`, sweep idle sequences, and give each new sequence
