@@ -9,8 +9,12 @@ the functions the served verifier and draft call). Each arm's steps are priced b
 the mean over sequences of their tokens / the modelled time of the steps they were in.
 
 Arms, by the names of client/bench_serving.py: `none` (no draft), `k<N>`, `av<K>` (AV at K),
-`ad<K>` (AV with adaptive drafting at most K), `oracle` (drafts and verifies exactly what will be
-accepted). With `defers_draft` (the server since the draft defers, avspec.engine.draft_stage) a
+`ad<K>` (AV with adaptive drafting at most K), `oracle` (knows each row's outcome: every row
+drafts and verifies exactly the drafts it will accept, up to a batch depth D; the fastest of D
+chosen each step by its tokens per ms and of each D = 0..K held for the run. A batch drafts as
+deep as its deepest row, so a per-row oracle without D falls below k1 on large batches; with D
+held at k it is k's steps without the drafts that will be rejected, so it is never below k<k>).
+With `defers_draft` (the server since the draft defers, avspec.engine.draft_stage) a
 step in which no row drafts runs no draft pass, and its rows' inputs join their next pass 0:
 each request's deferred tokens are counted and priced there. Without it (recordings of servers
 before that), every step runs the draft over its pending tokens, `none` included.
@@ -210,7 +214,13 @@ def replay_point(
                 replace(seq, length=max(1, int(n)))
                 for seq, n in zip(sequences, lengths[arm], strict=False)
             ]
-        out[arm] = _serve(recorded, served, concurrency, key, cost, verifier, defers_draft)
+        keys = [key]
+        if key == "oracle":  # the best of a depth chosen each step and each depth held
+            keys += [f"oracle{depth}" for depth in range(positions + 1)]
+        runs = [
+            _serve(recorded, served, concurrency, k, cost, verifier, defers_draft) for k in keys
+        ]
+        out[arm] = max(runs, key=lambda run: run["output_tokens_per_s"])
     return out
 
 
@@ -224,6 +234,7 @@ def _serve(
     defers_draft: bool,
 ) -> dict[str, float]:
     """One arm's closed loop over `sequences`; see replay_point."""
+    positions = recorded.features.shape[1]
     queue = list(range(len(sequences)))[::-1]
     live: list[int] = []  # indices into sequences
     produced = [0] * len(sequences)
@@ -242,10 +253,19 @@ def _serve(
         n, a = recorded.num_draft[rows], recorded.num_accepted[rows]
         inputs = [1 if steps_done[i] else sequences[i].prompt_tokens for i in live]
         base = sum(inputs)
+        remaining = np.array([sequences[i].length - produced[i] for i in live])
+        held = sum(deferred[i] for i in live) if defers_draft else 0
+
+        step = _Step(cost, base, held, defers_draft, a, remaining)
         if key == "k0":
             drafted = verified = np.zeros(len(rows), dtype=np.int64)
-        elif key == "oracle":
-            drafted = verified = a
+        elif key == "oracle":  # each step the batch depth whose tokens per ms are best
+            options = [np.minimum(a, depth) for depth in range(positions + 1)]
+            # deferred tokens are owed whatever it picks: leaving them out of the choice keeps
+            # it from deferring ever more (each step would see drawing as dearer than the last)
+            drafted = verified = max(options, key=lambda d: _rate(*step.priced(d, d, owed=0)))
+        elif key.startswith("oracle"):  # one batch depth for the whole run
+            drafted = verified = np.minimum(a, int(key[len("oracle") :]))
         elif key.startswith("k"):
             drafted = verified = np.minimum(n, int(key[1:]))
         else:
@@ -253,19 +273,10 @@ def _serve(
             drafted, verified, plan = av_step(
                 verifier, recorded, rows, ids, prev_ids, prev_outcome, base, plan
             )
-        pending = base
-        if defers_draft:
-            if not drafted.any():  # no draw: the inputs wait for the next pass
-                for i, count in zip(live, inputs, strict=True):
-                    deferred[i] += count
-                pending = 0
-            else:
-                pending += sum(deferred[i] for i in live)
-                for i in live:
-                    deferred[i] = 0
-        ms = step_ms(cost, base, drafted, verified, pending)
-        remaining = np.array([sequences[i].length - produced[i] for i in live])
-        gained = np.minimum(np.minimum(verified, a) + 1, remaining)
+        gained, ms = step.priced(drafted, verified)
+        if defers_draft:  # a step without draws leaves its inputs to the next pass
+            for i, count in zip(live, inputs, strict=True):
+                deferred[i] = 0 if drafted.any() else deferred[i] + count
         total_tokens += float(gained.sum())
         total_ms += ms
         prev_ids, prev_outcome = ids, np.minimum(verified, a)
@@ -282,6 +293,37 @@ def _serve(
         "output_tokens_per_s": total_tokens / total_ms * 1000.0 if total_ms else 0.0,
         "tokens_per_s_per_user": float(np.mean(rates)) if rates else 0.0,
     }
+
+
+@dataclass
+class _Step:
+    """One replayed step's pricing: its base tokens, the tokens its rows' drafts hold deferred,
+    each row's accepted drafts and the tokens each request still needs."""
+
+    cost: StepCost
+    base: int
+    held: int
+    defers_draft: bool
+    accepted: np.ndarray
+    remaining: np.ndarray
+
+    def priced(
+        self, drafted: np.ndarray, verified: np.ndarray, owed: int | None = None
+    ) -> tuple[np.ndarray, float]:
+        """Tokens gained per row and the step's ms when its rows draft / verify these, with
+        `owed` deferred tokens (None: all it holds) in the pass that draws."""
+        gained = np.minimum(np.minimum(verified, self.accepted) + 1, self.remaining)
+        owed = self.held if owed is None else owed
+        draws = drafted.any() or not self.defers_draft
+        return gained, step_ms(
+            self.cost, self.base, drafted, verified, self.base + owed if draws else 0
+        )
+
+
+def _rate(gained: np.ndarray, ms: float) -> float:
+    """Tokens per ms of a step: with the tokens of a run fixed, the option with the best rate
+    each step takes the least time for them."""
+    return float(gained.sum()) / ms if ms > 0 else float("inf")
 
 
 def _row(sequence: RecordedSequence, step: int) -> int:

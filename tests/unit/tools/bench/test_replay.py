@@ -202,3 +202,21 @@ def test_deferred_tokens_are_priced_in_the_pass_that_runs_them(
     recorded = recorded_steps(one_request([0, 0, 0, 0, 0], prompt=10), K)
     replay_point(recorded, flat_cost(), ["ad4"], 1, EstimatorConfig(K), lengths={"ad4": [5]})
     assert [p[0] for p in passes[:4]] == [0, 0, 10 + 1 + 1, 1]  # prompt, a token, its own
+
+
+def test_the_oracle_picks_each_steps_batch_depth() -> None:
+    """Two rows, one accepting 4 drafts and one 0, a draft pass of 10 ms whatever its rows
+    and a free target: drafting 4 for the first row opens 4 passes (40 ms for 4 more tokens),
+    so the oracle drafts nothing; a per-row oracle would draft 4 and lose to none."""
+    lines = [line(0.0, [1, 2], [0, 0], [], base=2)]
+    lines += [line(1.0 + i, [1, 2], [K, K], [K, 0] if i else [0, 0]) for i in range(6)]
+    lines.append(line(7.0, [1, 2], [K, K], [K, 0]))
+    recorded = recorded_steps(lines, K)
+    cost = StepCost.linear(10.0, 0.0, 0.0, 0.0, 64, 1024, overhead_ms=1.0)
+    result = replay_point(recorded, cost, ["none", "k4", "oracle"], 2)
+    assert result["oracle"]["output_tokens_per_s"] >= result["none"]["output_tokens_per_s"]
+    assert result["oracle"]["ms"] == pytest.approx(result["none"]["ms"])
+    cheap = StepCost.linear(0.1, 0.0, 0.0, 0.0, 64, 1024, overhead_ms=1.0)
+    result = replay_point(recorded, cheap, ["none", "k4", "oracle"], 2)
+    assert result["oracle"]["output_tokens_per_s"] >= result["k4"]["output_tokens_per_s"]
+    assert result["oracle"]["output_tokens_per_s"] > 1.5 * result["none"]["output_tokens_per_s"]
