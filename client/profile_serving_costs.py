@@ -23,11 +23,12 @@ pair's tokenizer (--tokenizer: the target's model directory). Requests are long
 
 Tables (avspec.av.step_cost.StepCost, written with avspec.av.cost_file.save_step_cost):
 - verify: target ms by target tokens per step, every point, weighted by its steps;
-- draft_pass: one draft pass by rows. The draft runs max(K, 1) forwards a step (pass 0 over the
-  pending tokens runs even at K = 0). At a concurrency served at K values with different numbers
-  of forwards, a pass costs (draft ms at the largest K - at the smallest) / (difference of
-  forwards), at the rows (sequences per step) of the largest K, so the draft model's per-call
-  cost cancels out of the pass; at a single K > 0 it is draft ms / K;
+- draft_pass: one draft pass by rows. The draft runs K forwards a step (pass 0 over the pending
+  tokens, then K - 1 over the rows; none at K = 0, where it defers its inputs and is called for
+  nothing). At a concurrency served at K values with different numbers of forwards, a pass costs
+  (draft ms at the largest K - at the smallest) / (difference of forwards), at the rows
+  (sequences per step) of the largest K, so the draft model's per-call cost cancels out of the
+  pass; at a single K > 0 it is draft ms / K;
 - overhead_ms: the median over the points of step ms - target ms - the draft passes the table
   prices (pass 0 over the pending tokens, K - 1 passes over the rows), clamped at 0: the hops
   plus the draft model's per-call cost, which a step pays once whatever it drafts. Each point
@@ -150,8 +151,8 @@ def draft_pass_points(points: list[dict]) -> dict:
         high = max(group, key=lambda p: p["k"])
         if high["k"] == 0:
             continue
-        # The draft runs max(K, 1) forwards a step: pass 0 over the pending tokens even at K = 0.
-        passes = max(high["k"], 1) - max(low["k"], 1)
+        # The draft runs K forwards a step: none at K = 0 (its inputs deferred).
+        passes = high["k"] - low["k"]
         if passes > 0:
             ms = (high["draft_ms"] - low["draft_ms"]) / passes
         else:
@@ -178,10 +179,12 @@ def step_cost_from_points(points: list[dict]) -> StepCost:
 
 def draft_passes_ms(draft_pass: CostTable, p: dict) -> float:
     """The draft passes of one step of point p: pass 0 runs every pending token (a token per
-    sequence plus the prompts' share), passes 1..K-1 one row per sequence."""
+    sequence plus the prompts' share), passes 1..K-1 one row per sequence; none at K = 0."""
+    if p["k"] == 0:
+        return 0.0
     rows = p["sequences_per_step"]
     pending = rows + p["prompt_tokens"] / p["steps"]
-    return draft_pass.at(pending) + max(p["k"] - 1, 0) * draft_pass.at(rows)
+    return draft_pass.at(pending) + (p["k"] - 1) * draft_pass.at(rows)
 
 
 def predicted_step_ms(cost: StepCost, p: dict) -> float:

@@ -51,11 +51,12 @@ def _served(c, k, rows, tokens, draft_ms, target_ms, overhead=1.0, steps=20):
 
 
 def _synthetic_points():
-    """A machine with draft pass 0.5 + 0.05 * rows (+0.2 per stage call), target 4 + 0.1 * t."""
+    """A machine with draft pass 0.5 + 0.05 * rows (+0.2 per stage call), target 4 + 0.1 * t;
+    K passes a step (none at K = 0: the draft defers its inputs)."""
     points = []
     for c in (1, 4, 16):
         for k in (0, 2, 8):
-            passes = max(k, 1)
+            passes = k
             draft = 0.2 + passes * (0.5 + 0.05 * c)
             tokens = c * (1 + k)
             points.append(_served(c, k, c, tokens, draft, 4.0 + 0.1 * tokens))
@@ -90,7 +91,7 @@ def test_single_k_and_no_drafting():
     assert module.draft_pass_points(only_k4)["millis"] == [1.0]
     with pytest.raises(ValueError, match="no point drafted"):
         module.draft_pass_points([_served(2, 0, 2.0, 2.0, 1.0, 5.0)])
-    negative = [_served(1, 0, 1, 1, 5.0, 5.0), _served(1, 2, 1, 3, 4.0, 5.0)]
+    negative = [_served(1, 0, 1, 1, 9.0, 5.0), _served(1, 2, 1, 3, 4.0, 5.0)]
     assert module.draft_pass_points(negative)["millis"] == [0.0]  # noise: never below free
 
 
