@@ -102,8 +102,10 @@ def arm_steps(
 ) -> Iterator[tuple[np.ndarray, dict[str, tuple[np.ndarray, float]]]]:
     """Per recorded step: its rows [rows] and, per arm, (tokens each row gains [rows], modelled
     ms). Arms: "fixed", "oracle", "av", "av_drafting" (module docstring) and "k0".."kK" (static
-    K = k; "k0" still runs the draft's pass over the pending tokens). The AV arms replay copies
-    of `estimator` (default: a fresh one from `config`, K = positions)."""
+    K = k; every step, "k0" included, runs the draft's pass over its pending tokens: this
+    offline view prices steps one by one, without the deferral of avspec.tools.bench.replay).
+    The AV arms replay copies of `estimator` (default: a fresh one from `config`, K =
+    positions)."""
     positions = recorded.features.shape[1]
     if estimator is None:
         estimator = AcceptanceEstimator(config or EstimatorConfig(num_positions=positions))
