@@ -35,6 +35,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 from tqdm import tqdm
 
+from avspec.runtime.model_dir import load_tokenizer
 from avspec.runtime.tokenizer import Tokenizer
 from avspec.serving.repository import SERVING_DTYPES
 from avspec.serving.stages.metrics import Samples, parse_metrics
@@ -198,9 +199,7 @@ def prompt_tokenizer(args: argparse.Namespace) -> Tokenizer | None:
     """The tokenizer that counts prompts for --max-prompt-tokens (None without it)."""
     if args.max_prompt_tokens is None:
         return None
-    from avspec.runtime.hf_tokenizer import HFTokenizer
-
-    return HFTokenizer.from_directory(args.tokenizer)
+    return load_tokenizer(args.tokenizer)
 
 
 def sweep(

@@ -12,6 +12,9 @@ step's wall milliseconds, and every `every` steps it rewrites the StepCost in pl
   observation past the table's largest size is left out: its ratio measures how wrong the
   profiled extrapolation is there (a prefill of 2,230 tokens served in 3.3 s against 0.6 s
   extrapolated from a ladder ending at 576), and it would rescale the last point by that;
+- a step right after one whose draft ran no pass (pass 0 of 0 ms: it deferred its inputs, see
+  avspec.engine.draft_stage) is left out whole: its pass 0 ran those inputs too, more tokens
+  than its rows say;
 - the new table is the profiled one with each ladder point scaled by the median ratio of its
   window (a point with no ratios: the median of all the table's ratios; a table with none at all
   is left as it is), refitted isotonically with each point weighted by its number of ratios;
@@ -65,6 +68,7 @@ class CostRefresh:
             name: [deque(maxlen=window) for _ in getattr(cost, name).sizes] for name in TABLES
         }
         self._overheads: deque[float] = deque(maxlen=window)
+        self._deferred = False  # the last observed step's draft ran no pass
         # (predicted by the cost in force, predicted by the profiled cost, observed) step ms.
         self._steps: deque[tuple[float, float, float]] = deque(maxlen=window)
 
@@ -80,7 +84,8 @@ class CostRefresh:
         """One served step; a no-op when disabled.
 
         draft_rows[p], draft_ms[p]: rows and ms of draft pass p (pass 0: the tokens of the
-        pending-input pass; a pass with 0 rows or 0 ms was not run and is skipped). verify_tokens,
+        pending-input pass; a pass with 0 rows or 0 ms was not run and is skipped; the step
+        after one whose pass 0 did not run is skipped whole, see the module doc). verify_tokens,
         verify_ms: the target forward; verify_rows: the rows it ran (0: the per-row term is
         left out). step_ms: the step's wall ms as the scheduler measured it,
         or None. ValueError naming the field for a negative or non-finite value, a fractional
@@ -97,6 +102,10 @@ class CostRefresh:
         verify_rows = _count("verify_rows", verify_rows)
         target_ms = _millis("verify_ms", verify_ms)
         wall = None if step_ms is None else _millis("step_ms", step_ms)
+        catching_up = self._deferred and bool(millis) and millis[0] > 0
+        self._deferred = bool(millis) and millis[0] == 0
+        if catching_up:
+            return
 
         for size, ms in zip(rows, millis, strict=True):
             if size > 0 and ms > 0:  # 0 ms: the pass was not run (or not timed)

@@ -121,7 +121,6 @@ class AdaptiveVerifier:
         self.num_observed = 0
         self.num_dropped_records = 0  # outcomes whose length did not match the recorded batch
         self.num_bad_timings = 0  # prev_timing_ms the cost refresh refused
-        self._inputs_deferred = False  # the last timed step's draft ran no pass (see below)
         self._plan_depth: torch.Tensor | None = None  # D of the last plan handed to the draft
 
     def step(self, inputs: VerifierInputs) -> VerifyDecision:
@@ -249,12 +248,6 @@ class AdaptiveVerifier:
         ):
             return
         timing = [float(t) for t in prev_timing_ms.detach().cpu().tolist()]
-        # A step whose pending pass did not run (no row drafted) deferred its inputs to the next
-        # pass, which then runs more tokens than its step's base: that step is not observed.
-        catching_up = self._inputs_deferred and timing[0] > 0
-        self._inputs_deferred = timing[0] == 0
-        if catching_up:
-            return
         drafted = pending.num_drafted.detach().cpu().tolist()
         k = len(timing) - 2
         rows = rows_per_pass(pending.base_tokens, drafted, k)

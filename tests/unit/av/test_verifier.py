@@ -487,15 +487,16 @@ def test_a_row_that_drafts_nothing_keeps_its_last_survival_row():
 def test_the_step_after_a_deferred_pending_pass_is_not_observed():
     """A step whose pass 0 took 0 ms ran no draft (its inputs wait for the next pass), so the
     next pass 0 runs more tokens than its step's base: the cost refresh skips that step and
-    takes the ones around it. A verifier that observes every step (the variant) is caught."""
+    takes the ones around it (the rule is the cost refresh's). A refresh that observes every step
+    (the variant) is caught."""
 
-    class ObservesAll(AdaptiveVerifier):
-        _inputs_deferred = property(lambda self: False, lambda self, value: None)
+    class ObservesAll(CostRefresh):
+        _deferred = property(lambda self: False, lambda self, value: None)
 
-    def observed(verifier_class) -> int:
+    def observed(refresh_class) -> int:
         cost = StepCost(CostTable([1, 8], [1.0, 2.0], name="draft_pass"), STEEP)
         config = EstimatorConfig(num_positions=K, refit_interval=100)
-        verifier = verifier_class(AcceptanceEstimator(config), cost, refresh=CostRefresh(cost))
+        verifier = AdaptiveVerifier(AcceptanceEstimator(config), cost, refresh=refresh_class(cost))
         verifier.step(_args([1, 2], [[0.0] * K] * 2, drafted=[1, 1]))
         # pass ms per position, target ms, wall ms; the second step deferred, the third caught up
         for timing in ([1.0, 0, 0, 2, 4], [0, 0, 0, 2, 3], [9.0, 0, 0, 2, 12], [1.0, 0, 0, 2, 4]):
@@ -503,5 +504,5 @@ def test_the_step_after_a_deferred_pending_pass_is_not_observed():
             verifier.step(replace(inputs, prev_timing_ms=torch.tensor(timing, dtype=torch.float32)))
         return verifier.refresh.steps
 
-    assert observed(AdaptiveVerifier) == 3
+    assert observed(CostRefresh) == 3
     assert observed(ObservesAll) == 4

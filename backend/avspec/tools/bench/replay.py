@@ -94,19 +94,14 @@ def served_cost(profiled: StepCost, phases: Iterable[Sequence[dict[str, Any]]]) 
     Each line's `timing` is the previous line's step: its draft passes (rows from the previous
     line's drafts), its target over base + verified tokens, and as its wall time the gap
     between the two lines' clocks (the step and everything between steps). A step right after
-    one whose draft deferred its inputs (pass 0 of 0 ms) is left out, as the verifier leaves it.
+    one whose draft deferred its inputs is left out by the refresh, as served.
     """
     cost = copy.deepcopy(profiled)
     refresh = CostRefresh(cost, window=1 << 30, every=1 << 30)
     for lines in phases:
-        deferred = False
         for line, after in zip(lines, lines[1:], strict=False):
             timing = after["timing"]
-            catching_up, deferred = (
-                deferred and bool(timing) and timing[0] > 0,
-                (bool(timing) and timing[0] == 0),
-            )
-            if catching_up or not timing or len(after["prev_accepted"]) != len(line["ids"]):
+            if not timing or len(after["prev_accepted"]) != len(line["ids"]):
                 continue
             k = len(timing) - 2
             refresh.observe(
