@@ -53,7 +53,7 @@ def plan_step(
     base_tokens: tokens the target runs anyway.
 
         expected[b] = N + sum of the b best stale scores
-        ms[b]       = overhead + draft_pass(T) + draft passes of full rows + verify_row_ms * N
+        ms[b]       = overhead + pending_pass(T) + draft passes of full rows + verify_row_ms * N
                       + the passes the b best need (a draft at position p >= 1 of an adaptive
                         drafter adds one row to pass p) + verify(T + full drafts + b)
         budget      = argmax_b expected[b] / ms[b]   (ties: smallest b)
@@ -64,7 +64,7 @@ def plan_step(
     for_next_step: for the next step's plan, two more things are priced.
     - Opening: when no other row drafts, a budget admitting no drafter's draft saves the pass
       over the pending tokens (a draft whose rows all draw nothing defers it,
-      avspec.engine.draft_stage), priced by the draft-pass table at base_tokens (output layer
+      avspec.engine.draft_stage), priced by the pending-pass table at base_tokens (output layer
       and draws included, as the table measured them). So a batch falls back to no draft pass
       at all when its x_0s do not pay for that pass. Replayed (client/replay_steps.py), this
       beat adding one pass of all the drafters as the price of their draws, which doubled the
@@ -109,7 +109,7 @@ def plan_step(
     full_rows[:1] = 0
     # The pending-token pass is priced on the host: a device tensor built from a Python number
     # would be a blocking host-to-device copy on CUDA.
-    pending_ms = cost.draft_pass.at(base_tokens) if int(base_tokens) > 0 else 0.0
+    pending_ms = cost.pending_ms(int(base_tokens))
     rows_ms = cost.verify_row_ms * batch  # every row runs through the target
     fixed_ms = cost.overhead_ms + pending_ms + rows_ms + cost.pass_ms(full_rows).sum()
 

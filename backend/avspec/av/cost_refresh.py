@@ -5,7 +5,8 @@ The profiled tables describe the machine they were measured on, at the time they
 rows and milliseconds of each draft pass, the tokens and milliseconds of the target, and the
 step's wall milliseconds, and every `every` steps it rewrites the StepCost in place:
 
-- each observation of a table (a draft pass, or the target forward) gives a ratio
+- each observation of a table (the draft's pass over pending inputs: pending_pass; a further
+  draft pass: draft_pass; the target forward: verify) gives a ratio
   observed ms / PROFILED ms at its size (for the target: its table at the tokens plus
   verify_row_ms times its rows) and joins the window (the last `window` ratios) of the
   nearest ladder size of that table (absolute distance, ties to the smaller size); an
@@ -26,7 +27,11 @@ Medians make one stalled step irrelevant, ratios against the profiled table keep
 shape (a machine that gets uniformly slower keeps its curve, only scaled), and the window bounds
 how long a change takes to be followed: at most window // 2 + 1 observations at a ladder point
 plus `every` steps. The StepCost object is the one the plan holds: new CostTables are assigned to
-cost.draft_pass and cost.verify (a reference swap each; no tensor is written in place).
+cost.draft_pass, cost.pending_pass and cost.verify (a reference swap each; no tensor is written
+in place). The pending pass is profiled as a draft pass (its table None in the StepCost): its
+ratios are taken to the profiled draft-pass table and kept apart from the decode passes' (served
+it costs more, see avspec.av.step_cost); until it has a ratio it stays None, priced by the
+refreshed draft-pass table.
 
 `observe` works on host numbers only (plain Python, no tensor and no device sync). Call it from
 the thread that plans steps, or accept that a plan may see a new draft table with the old verify
@@ -45,7 +50,7 @@ from typing import Any
 from avspec.av.cost_table import CostTable
 from avspec.av.step_cost import StepCost
 
-TABLES = ("draft_pass", "verify")
+TABLES = ("draft_pass", "pending_pass", "verify")
 
 
 class CostRefresh:
@@ -61,11 +66,13 @@ class CostRefresh:
         self.window = window
         self.every = every
         # The tables as measured (the CostTables are never modified): ratios are taken to them.
-        self.profiled = StepCost(cost.draft_pass, cost.verify, cost.overhead_ms, cost.verify_row_ms)
+        self.profiled = StepCost(
+            cost.draft_pass, cost.verify, cost.overhead_ms, cost.verify_row_ms, cost.first_pass
+        )
         self.steps = 0  # steps observed (enabled, valid)
         self.updates = 0  # refreshes that changed the StepCost
         self._ratios: dict[str, list[deque[float]]] = {
-            name: [deque(maxlen=window) for _ in getattr(cost, name).sizes] for name in TABLES
+            name: [deque(maxlen=window) for _ in self._profiled(name).sizes] for name in TABLES
         }
         self._overheads: deque[float] = deque(maxlen=window)
         self._deferred = False  # the last observed step's draft ran no pass
@@ -107,9 +114,9 @@ class CostRefresh:
         if catching_up:
             return
 
-        for size, ms in zip(rows, millis, strict=True):
+        for p, (size, ms) in enumerate(zip(rows, millis, strict=True)):
             if size > 0 and ms > 0:  # 0 ms: the pass was not run (or not timed)
-                self._add("draft_pass", size, ms)
+                self._add("draft_pass" if p else "pending_pass", size, ms)
         if tokens > 0:
             self._add("verify", tokens, target_ms, self.profiled.verify_row_ms * verify_rows)
         if wall is not None:
@@ -167,13 +174,20 @@ class CostRefresh:
         return out
 
     def _add(self, name: str, size: int, ms: float, extra_ms: float = 0.0) -> None:
-        profiled: CostTable = getattr(self.profiled, name)
+        profiled = self._profiled(name)
         if size > profiled.sizes[-1]:
             return  # past the ladder (see the module doc)
         predicted = profiled.at(size) + extra_ms
         if predicted <= 0.0:
             return  # a free point has no ratio
         self._ratios[name][_nearest(profiled.sizes, float(size))].append(ms / predicted)
+
+    def _profiled(self, name: str) -> CostTable:
+        """The table `name` as profiled (the pending pass: the draft pass's, unless given)."""
+        if name == "pending_pass":
+            return self.profiled.first_pass
+        table: CostTable = getattr(self.profiled, name)
+        return table
 
     def _refresh(self) -> None:
         changed = False
@@ -183,13 +197,13 @@ class CostRefresh:
             if not every_ratio:
                 continue
             overall = statistics.median(every_ratio)
-            profiled: CostTable = getattr(self.profiled, name)
+            profiled = self._profiled(name)
             scaled = [
                 ms * (statistics.median(w) if w else overall)
                 for ms, w in zip(profiled.millis, windows, strict=True)
             ]
             weights = [max(1, len(w)) for w in windows]
-            setattr(self.cost, name, CostTable(profiled.sizes, scaled, profiled.name, weights))
+            setattr(self.cost, name, CostTable(profiled.sizes, scaled, name, weights))
             if name == "verify":
                 self.cost.verify_row_ms = self.profiled.verify_row_ms * overall
             changed = True

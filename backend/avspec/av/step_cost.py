@@ -1,16 +1,23 @@
 """The cost model of one speculative step, in milliseconds, as the plan and the budget see it.
 
     step_ms = overhead_ms                                   fixed: the served path's hops, verifier
-            + draft_pass(tokens the draft runs first)       the pass over pending inputs (draft 0)
+            + pending_pass(tokens the draft runs first)     the pass over pending inputs (draft 0)
             + sum_{p >= 1} draft_pass(rows drafting at p)   one decode pass per further draft
             + verify(tokens the target runs)                base tokens + admitted drafts
             + verify_row_ms * rows the target runs          per-row work (sampling, attention
                                                             over each row's own context)
 
 `draft_pass` is the cost of one draft forward as a function of the rows (tokens) it runs; a pass
-with no row is not run and costs 0. `verify` is the target forward as a function of tokens,
-net of its per-row part: measured here, 64 tokens cost 28 ms as 64 rows of 1 and 14 ms as 16 rows
-of 4, so a table by tokens alone mistakes batch size for verification cost. Both are
+with no row is not run and costs 0. `pending_pass` prices the first pass, over each row's pending
+inputs, by its tokens; None (as profiled) means the draft-pass table. Served, the first pass
+costs more than a decode pass of as many rows: its time also holds the cache rule (each row's
+rejected drafts rolled back) and the gathering of each row's inputs. On this project's CPU host
+(torch bf16, chat at temperature 0.7, bench/av_sweep/torch-t0.7-chat-defer) it ran at 2.2-2.5x
+the profiled draft pass from 1 to 64 tokens, the decode passes at 1.5-1.7x; a table shared by
+both, refreshed at its ladder sizes, priced neither. `avspec.av.cost_refresh` learns it as a
+table of its own. `verify` is the target forward as a function of tokens, net of its per-row
+part: measured here, 64 tokens cost 28 ms as 64 rows of 1 and 14 ms as 16 rows of 4, so a table
+by tokens alone mistakes batch size for verification cost. All are
 `CostTable`s (monotone, measured; avspec.tools.bench.profiler). The file format is
 `avspec.av.cost_file`.
 """
@@ -34,6 +41,7 @@ class StepCost:
     verify: CostTable  # ms of the target forward, by tokens
     overhead_ms: float = 0.0  # per-step fixed cost paid whatever is drafted or verified
     verify_row_ms: float = 0.0  # target ms per row it runs, besides the tokens
+    pending_pass: CostTable | None = None  # ms of the pass over pending inputs (None: draft_pass)
 
     def __post_init__(self) -> None:
         for name in ("overhead_ms", "verify_row_ms"):
@@ -42,14 +50,27 @@ class StepCost:
                 raise ValueError(f"{name} must be finite and >= 0, got {getattr(self, name)}")
             setattr(self, name, value)
 
+    @property
+    def first_pass(self) -> CostTable:
+        """The table that prices the draft's pass over pending inputs."""
+        return self.draft_pass if self.pending_pass is None else self.pending_pass
+
+    def pending_ms(self, tokens: float) -> float:
+        """Host ms of the draft's pass over `tokens` pending inputs (0 tokens: not run)."""
+        return self.first_pass.at(tokens) if tokens > 0 else 0.0
+
     def verify_ms(self, tokens: float, rows: float) -> float:
         """Host ms of the target over `tokens` tokens in `rows` rows."""
         return (self.verify.at(tokens) if tokens > 0 else 0.0) + self.verify_row_ms * rows
 
     def step_ms(self, rows_per_pass: Sequence[int], verify_tokens: int, verify_rows: int) -> float:
-        """Host ms of one step: draft passes of `rows_per_pass` rows (pass 0: the pending tokens;
-        a pass with 0 rows is not run) and the target over `verify_tokens` in `verify_rows`."""
-        draft = sum(self.draft_pass.at(r) for r in rows_per_pass if r > 0)
+        """Host ms of one step: draft passes of `rows_per_pass` rows (pass 0: the pending tokens,
+        priced by `first_pass`; a pass with 0 rows is not run) and the target over `verify_tokens` in `verify_rows`."""
+        draft = sum(
+            (self.first_pass if p == 0 else self.draft_pass).at(r)
+            for p, r in enumerate(rows_per_pass)
+            if r > 0
+        )
         return self.overhead_ms + draft + self.verify_ms(verify_tokens, verify_rows)
 
     def pass_ms(self, rows: torch.Tensor) -> torch.Tensor:

@@ -241,6 +241,22 @@ def test_the_next_plan_prices_the_pending_pass_it_would_defer():
     assert float(plan_step_next.base_ms) == pytest.approx(float(own.base_ms) - pending)
 
 
+def test_the_pending_pass_is_priced_by_its_own_table():
+    """The pass over pending inputs is priced by pending_pass where the StepCost has one (the
+    served refresh learns it apart from the decode passes): a dearer first pass tips the same
+    batch from drafting to deferring, a cheaper one keeps it drafting."""
+    stale = [[0.5, 0.2]] * 4
+    cheap = StepCost.linear(0.5, 0.1, 10.0, 1.0, 8, 64)  # pass 0.5 + 0.1 / row
+    # x_0 of all four: 6 tokens / (0.9 + 18) ms > 4 / 14 (no draw, the pass deferred)
+    assert int(_plan_next(stale, cheap).budget) == 4
+    dear = StepCost.linear(0.5, 0.1, 10.0, 1.0, 8, 64)
+    dear.pending_pass = CostTable.linear(2.0, 2.0, 64, name="pending_pass")  # 10 ms at 4 tokens
+    plan = _plan_next(stale, dear)  # 6 / (10 + 18) < 4 / 14
+    assert int(plan.budget) == 0 and int(plan.depth) == 0
+    drafted = _plan(stale, drafting=[True] * 4, base=4, cost=dear)  # the step's own: pass ran
+    assert float(drafted.base_ms) - float(plan.base_ms) == pytest.approx(10.0)
+
+
 def test_the_pending_pass_is_saved_only_where_no_row_draws_without_the_plan():
     """Without a drafted x_0 the plan saves the pending pass (the draft defers it) only when
     every row that would draft is a drafter: a row drafting to its cap runs that pass anyway."""
