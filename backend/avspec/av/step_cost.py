@@ -65,7 +65,8 @@ class StepCost:
 
     def step_ms(self, rows_per_pass: Sequence[int], verify_tokens: int, verify_rows: int) -> float:
         """Host ms of one step: draft passes of `rows_per_pass` rows (pass 0: the pending tokens,
-        priced by `first_pass`; a pass with 0 rows is not run) and the target over `verify_tokens` in `verify_rows`."""
+        priced by `first_pass`; a pass with 0 rows is not run) and the target over
+        `verify_tokens` in `verify_rows`."""
         draft = sum(
             (self.first_pass if p == 0 else self.draft_pass).at(r)
             for p, r in enumerate(rows_per_pass)
