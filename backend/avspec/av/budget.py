@@ -56,6 +56,8 @@ def plan_step(
         ms[b]       = overhead + pending_pass(T) + draft passes of full rows + verify_row_ms * N
                       + the passes the b best need (a draft at position p >= 1 of an adaptive
                         drafter adds one row to pass p) + verify(T + full drafts + b)
+                      + probs_row_ms * N * width (width: the deepest position a full row
+                        drafts to or one of the b best sits at, plus one; at least 1)
         budget      = argmax_b expected[b] / ms[b]   (ties: smallest b)
         depth       = 1 + deepest admitted position of an adaptive drafter (0: none admitted)
         threshold   = (expected / ms at the budget) * (ms[budget] - ms[0]) / budget
@@ -111,7 +113,14 @@ def plan_step(
     # would be a blocking host-to-device copy on CUDA.
     pending_ms = cost.pending_ms(int(base_tokens))
     rows_ms = cost.verify_row_ms * batch  # every row runs through the target
-    fixed_ms = cost.overhead_ms + pending_ms + rows_ms + cost.pass_ms(full_rows).sum()
+    # The draft probabilities' hop: every row, as deep as the deepest row may draft.
+    full_width = torch.where(within & ~drafter[:, None], positions + 1, 1).amax(1, keepdim=True)
+    base_width = full_width.max().clamp_min(1) if batch else positions.new_ones(())
+    hop_ms = cost.probs_row_ms * batch
+    fixed_ms = (
+        cost.overhead_ms + pending_ms + rows_ms + cost.pass_ms(full_rows).sum()
+        + hop_ms * base_width.double()
+    )  # fmt: skip
 
     # One curve per depth limit D (only D = K without for_next_step): the drafters'
     # candidates at positions < D. Position-major order with a stable sort: ties go to the
@@ -131,13 +140,18 @@ def plan_step(
     before = ((torch.cumsum(onehot, 1) - onehot) * onehot).sum(-1)  # earlier joiners of pass
     rows_then = full_rows[pos] + before
     extra = torch.where(joins, cost.pass_ms(rows_then + 1) - cost.pass_ms(rows_then), 0.0)
+    drafter_admitted = cand & drafter[row]  # [D, n]: the b-th best is a drafter's
+    if hop_ms > 0:  # a deeper draft widens the probabilities of every row
+        reach = torch.where(drafter_admitted, pos + 1, 0).clamp_min(base_width)
+        width = torch.cummax(reach, dim=1).values
+        widened = width - torch.cat([base_width.expand(width.shape[0], 1), width[:, :-1]], 1)
+        extra = extra + hop_ms * widened.double()
 
     zero = scores.new_zeros(limits.shape[0], 1)
     expected = batch + torch.cat([zero, torch.cumsum(scores, 1)], 1)  # [D, n + 1]
     sizes = torch.arange(scores.shape[1] + 1, device=device)
     verify = cost.verify(tokens + sizes).double()
     millis = fixed_ms + torch.cat([zero, torch.cumsum(extra, 1)], 1) + verify
-    drafter_admitted = cand & drafter[row]  # [D, n]: the b-th best is a drafter's
     if for_next_step:
         opened = torch.cat([zero.bool(), torch.cumsum(drafter_admitted.long(), 1) > 0], 1)
         others_draft = ((caps > 0) & ~drafter).any()  # they run the pending pass anyway

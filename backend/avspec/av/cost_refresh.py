@@ -20,8 +20,12 @@ step's wall milliseconds, and every `every` steps it rewrites the StepCost in pl
   window (a point with no ratios: the median of all the table's ratios; a table with none at all
   is left as it is), refitted isotonically with each point weighted by its number of ratios;
   verify_row_ms is the profiled one scaled by the median of all the target's ratios;
-- overhead_ms = median over the last `window` steps of (step ms - draft ms - target ms),
-  clamped at 0; steps without a wall time do not count.
+- the rest of each step, step ms - draft ms - target ms, is fitted over the last `window` steps
+  as overhead_ms + probs_row_ms * rows * width (avspec.av.step_cost: the draft probabilities'
+  hop, width from the deepest pass run): probs_row_ms is the Theil-Sen slope (the median of the
+  pairwise slopes, at most 1,000 steps, evenly picked) clamped at 0, kept as it was while every
+  step of the window has the same rows * width; overhead_ms the median of the rest less the hop,
+  clamped at 0. Steps without a wall time do not count.
 
 Medians make one stalled step irrelevant, ratios against the profiled table keep the measured
 shape (a machine that gets uniformly slower keeps its curve, only scaled), and the window bounds
@@ -33,9 +37,9 @@ ratios are taken to the profiled draft-pass table and kept apart from the decode
 it costs more, see avspec.av.step_cost); until it has a ratio it stays None, priced by the
 refreshed draft-pass table.
 
-`observe` works on host numbers only (plain Python, no tensor and no device sync). Call it from
-the thread that plans steps, or accept that a plan may see a new draft table with the old verify
-table for one step.
+`observe` and the refresh work on host numbers only (Python and numpy: no tensor, no device
+sync). Call `observe` from the thread that plans steps, or accept that a plan may see a new draft
+table with the old verify table for one step.
 """
 
 from __future__ import annotations
@@ -47,8 +51,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from avspec.av.cost_table import CostTable
-from avspec.av.step_cost import StepCost
+from avspec.av.step_cost import StepCost, draft_width
 
 TABLES = ("draft_pass", "pending_pass", "verify")
 
@@ -67,14 +73,20 @@ class CostRefresh:
         self.every = every
         # The tables as measured (the CostTables are never modified): ratios are taken to them.
         self.profiled = StepCost(
-            cost.draft_pass, cost.verify, cost.overhead_ms, cost.verify_row_ms, cost.first_pass
+            cost.draft_pass,
+            cost.verify,
+            cost.overhead_ms,
+            cost.verify_row_ms,
+            cost.first_pass,
+            cost.probs_row_ms,
         )
         self.steps = 0  # steps observed (enabled, valid)
         self.updates = 0  # refreshes that changed the StepCost
         self._ratios: dict[str, list[deque[float]]] = {
             name: [deque(maxlen=window) for _ in self._profiled(name).sizes] for name in TABLES
         }
-        self._overheads: deque[float] = deque(maxlen=window)
+        # (rows * width of the draft probabilities, step ms outside the stages) per step
+        self._overheads: deque[tuple[float, float]] = deque(maxlen=window)
         self._deferred = False  # the last observed step's draft ran no pass
         # (predicted by the cost in force, predicted by the profiled cost, observed) step ms.
         self._steps: deque[tuple[float, float, float]] = deque(maxlen=window)
@@ -120,7 +132,8 @@ class CostRefresh:
         if tokens > 0:
             self._add("verify", tokens, target_ms, self.profiled.verify_row_ms * verify_rows)
         if wall is not None:
-            self._overheads.append(wall - sum(millis) - target_ms)
+            hop = float(verify_rows * draft_width(rows))
+            self._overheads.append((hop, wall - sum(millis) - target_ms))
             self._steps.append(
                 (
                     self.cost.step_ms(rows, tokens, verify_rows),
@@ -208,10 +221,30 @@ class CostRefresh:
                 self.cost.verify_row_ms = self.profiled.verify_row_ms * overall
             changed = True
         if self._overheads:
-            self.cost.overhead_ms = max(0.0, float(statistics.median(self._overheads)))
+            slope = _hop_slope(self._overheads)
+            if slope is not None:
+                self.cost.probs_row_ms = slope
+            rest = [ms - self.cost.probs_row_ms * hop for hop, ms in self._overheads]
+            self.cost.overhead_ms = max(0.0, float(statistics.median(rest)))
             changed = True
         if changed:
             self.updates += 1
+
+
+def _hop_slope(points: Sequence[tuple[float, float]], most: int = 1000) -> float | None:
+    """Theil-Sen slope of (x, ms) points, clamped at 0; None when every x is the same."""
+    x = np.array([p[0] for p in points], dtype=np.float64)
+    ms = np.array([p[1] for p in points], dtype=np.float64)
+    if len(x) > most:
+        pick = np.linspace(0, len(x) - 1, most).astype(np.int64)
+        x, ms = x[pick], ms[pick]
+    first, second = np.triu_indices(len(x), 1)
+    dx = x[second] - x[first]
+    differ = dx != 0
+    if not differ.any():
+        return None
+    slopes = (ms[second] - ms[first])[differ] / dx[differ]
+    return max(0.0, float(np.median(slopes)))
 
 
 def _nearest(sizes: list[float], size: float) -> int:

@@ -6,6 +6,8 @@
             + verify(tokens the target runs)                base tokens + admitted drafts
             + verify_row_ms * rows the target runs          per-row work (sampling, attention
                                                             over each row's own context)
+            + probs_row_ms * rows * width                   the hop of the draft's probabilities
+                                                            [rows, width, vocab] to the target
 
 `draft_pass` is the cost of one draft forward as a function of the rows (tokens) it runs; a pass
 with no row is not run and costs 0. `pending_pass` prices the first pass, over each row's pending
@@ -20,6 +22,15 @@ part: measured here, 64 tokens cost 28 ms as 64 rows of 1 and 14 ms as 16 rows o
 by tokens alone mistakes batch size for verification cost. All are
 `CostTable`s (monotone, measured; avspec.tools.bench.profiler). The file format is
 `avspec.av.cost_file`.
+
+`probs_row_ms` prices the draft's probabilities on their way to the target: a float32 tensor of
+[rows, width, vocab], width the deepest draft position any row may reach this step (on the CPU,
+where passes are compacted; CUDA sends all K positions, a width the plan does not change). On the
+CPU host (vocab 49,152, 192 KiB a row and position) the steps' time outside the stages grew by
+0.20-0.27 ms per row and position (least squares with outliers trimmed over the step logs of
+bench/av_sweep/torch-t0.7-{chat,code}, torch-t1.0-chat): at 64 rows, 15 ms for each deeper
+draft, a third of a 64-row draft pass. Profiling in process has no hop: it is 0 as profiled and
+learned from served steps (avspec.av.cost_refresh).
 """
 
 from __future__ import annotations
@@ -42,9 +53,10 @@ class StepCost:
     overhead_ms: float = 0.0  # per-step fixed cost paid whatever is drafted or verified
     verify_row_ms: float = 0.0  # target ms per row it runs, besides the tokens
     pending_pass: CostTable | None = None  # ms of the pass over pending inputs (None: draft_pass)
+    probs_row_ms: float = 0.0  # ms per row and draft position of the probabilities' hop
 
     def __post_init__(self) -> None:
-        for name in ("overhead_ms", "verify_row_ms"):
+        for name in ("overhead_ms", "verify_row_ms", "probs_row_ms"):
             value = float(getattr(self, name))
             if not 0.0 <= value < float("inf"):
                 raise ValueError(f"{name} must be finite and >= 0, got {getattr(self, name)}")
@@ -72,7 +84,8 @@ class StepCost:
             for p, r in enumerate(rows_per_pass)
             if r > 0
         )
-        return self.overhead_ms + draft + self.verify_ms(verify_tokens, verify_rows)
+        hop = self.probs_row_ms * verify_rows * draft_width(rows_per_pass)
+        return self.overhead_ms + draft + hop + self.verify_ms(verify_tokens, verify_rows)
 
     def pass_ms(self, rows: torch.Tensor) -> torch.Tensor:
         """ms of draft passes with `rows` rows each (any shape); 0 where rows == 0 (not run)."""
@@ -103,6 +116,7 @@ class StepCost:
         max_tokens: int,
         overhead_ms: float = 0.0,
         verify_row_ms: float = 0.0,
+        probs_row_ms: float = 0.0,
     ) -> StepCost:
         """Straight-line tables (defaults and tests): fixed + per-unit * size."""
         return cls(
@@ -110,7 +124,14 @@ class StepCost:
             CostTable.linear(verify_fixed_ms, verify_per_token_ms, max_tokens, name="verify"),
             overhead_ms,
             verify_row_ms,
+            probs_row_ms=probs_row_ms,
         )
+
+
+def draft_width(rows_per_pass: Sequence[int]) -> int:
+    """Draft positions in the probabilities a step hands to the target: its deepest pass run
+    plus one, at least 1 (a step whose rows draw nothing still sends one position)."""
+    return 1 + max((p for p, r in enumerate(rows_per_pass) if p >= 1 and r > 0), default=0)
 
 
 def rows_per_pass(pending_tokens: int, num_drafted: Sequence[int], passes: int) -> list[int]:

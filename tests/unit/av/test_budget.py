@@ -194,6 +194,22 @@ def test_per_pass_draft_cost_makes_the_plan_shallower():
     assert (int(full.budget), int(full.depth)) == (1, 1)
 
 
+def test_the_probabilities_hop_makes_the_plan_shallower_unless_it_is_sunk():
+    """The same drafter with free passes and a hop of 0.5 ms per row and position: ms[b] =
+    0.5 * max(b, 1) + 1 + 0.1 (1 + b); ratios 1/1.6, 1.9/1.7, 2.7/2.3, 3.4/2.9, 4/3.5 -> b = 2,
+    D = 2. Beside a row drafting 4 to its cap the hop is 4 positions wide whatever the plan:
+    every draft pays again."""
+    stale = [[0.9, 0.8, 0.7, 0.6]]
+    cost = StepCost.linear(0.0, 0.0, 1.0, 0.1, 8, 64, probs_row_ms=0.5)
+    plan = _plan(stale, drafting=[True], cost=cost)
+    assert (int(plan.budget), int(plan.depth)) == (2, 2)
+    assert float(plan.expected_ms) == pytest.approx(2.3)
+    beside = _plan(stale * 2, adaptive=[True, False], drafting=[True, False], base=2, cost=cost)
+    assert (int(beside.budget), int(beside.depth)) == (4, 4)
+    # 2 rows x 4 positions of hop, sunk: in the plan's ms with no admitted draft
+    assert float(beside.base_ms) == pytest.approx(4.0 + 1.0 + 0.1 * 6)
+
+
 def test_rows_not_drafting_adaptively_pay_their_full_passes():
     """The same row drafting to its cap pays every pass whatever the budget: the passes are
     sunk, so its budget is the verify-only budget (those passes as overhead) and D is 0."""

@@ -9,7 +9,7 @@ import pytest
 
 from avspec.av.cost_refresh import CostRefresh, _nearest
 from avspec.av.cost_table import CostTable
-from avspec.av.step_cost import StepCost
+from avspec.av.step_cost import StepCost, draft_width
 
 ROWS = [1, 2, 4, 8, 16, 32, 64]
 TOKENS = [1, 8, 64, 256, 576]
@@ -148,6 +148,36 @@ def test_overhead_recovered_on_synthetic_steps():
     assert cost.overhead_ms == pytest.approx(3.0, abs=0.15)
     # The tables were right: they stay (ratios 1).
     assert cost.verify.millis == pytest.approx(refresh.profiled.verify.millis)
+
+
+def test_probabilities_hop_fitted_from_steps_of_different_widths():
+    """Outside the stages a served step costs 3 ms + 0.25 ms per row and draft position (the
+    draft probabilities' hop, as on the CPU host): the refresh recovers both, through noise and
+    a stalled step, and then predicts the steps; a fit without the hop (the median alone, as
+    before) puts the overhead at the median rest, 10.5 ms here."""
+    cost = _profiled()
+    refresh = CostRefresh(cost, window=64, every=16)
+    rng = random.Random(3)
+    draft, verify = refresh.profiled.draft_pass, refresh.profiled.verify
+    for step in range(64):
+        rows, tokens = _batch(rng)
+        batch, width = rows[0], draft_width(rows)
+        millis = [draft.at(r) if r else 0.0 for r in rows]
+        rest = 3.0 + 0.25 * batch * width + rng.gauss(0.0, 0.1) + (500.0 if step == 40 else 0.0)
+        wall = sum(millis) + verify.at(tokens) + rest
+        refresh.observe(rows, millis, tokens, verify.at(tokens), wall, verify_rows=batch)
+    assert cost.overhead_ms == pytest.approx(3.0, abs=0.3)
+    assert cost.probs_row_ms == pytest.approx(0.25, abs=0.01)
+    assert refresh.report()["median_abs_relative_error"] < 0.02
+
+
+def test_probabilities_hop_kept_while_every_step_has_one_width():
+    cost = _profiled()
+    cost.probs_row_ms = 0.5  # learned before
+    refresh = CostRefresh(cost, window=8, every=4)
+    for _ in range(4):  # 4 rows at width 2 each: 4 ms of hop, 6 ms in all outside the stages
+        refresh.observe([4, 4], [1.4, 1.4], 8, 7.0, 1.4 + 1.4 + 7.0 + 6.0, verify_rows=4)
+    assert cost.probs_row_ms == 0.5 and cost.overhead_ms == pytest.approx(2.0)
 
 
 def test_overhead_clamped_at_zero_and_steps_without_wall_time():
