@@ -10,7 +10,10 @@ writes to --out:
 - `budget_<directory>.png`: for av8 and ad8, per concurrency, the drafts per decode row the
   caps allowed, drafted, verified and accepted, and the share the budget trimmed: why AV did
   what it did (the same quantities as the server's av_* counters);
-- `budget.json`: those numbers.
+- `budget.json`: those numbers;
+- `goals_full_batch.txt`: the same table over the steps where every user was busy
+  (avspec.tools.bench.full_batch: the steady state, without the phase's tail of finishing
+  requests), with the share of each phase they cover. A diagnostic: the goals are the phase's.
 
     python client/av_report.py bench/av_sweep/torch-t1.0-chat bench/av_sweep/torch-t1.0-code \
         --out bench/av_sweep
@@ -25,6 +28,7 @@ from typing import Any
 
 from avspec.tools.bench.budget_view import budget_choices
 from avspec.tools.bench.frontier import Y_KEY, set_and_forget_goals
+from avspec.tools.bench.full_batch import full_batch_rate
 from avspec.tools.bench.replay_inputs import extract, load
 from avspec.tools.script import doc_parser
 
@@ -50,6 +54,30 @@ def goals_text(name: str, points: list[dict[str, Any]]) -> tuple[str, dict[str, 
         f"{'met' if goals['best_arm_goal_met'] else 'missed'}"
     )
     return "\n".join(lines) + "\n", goals
+
+
+def full_batch_points(
+    phases: dict[int, dict[str, list[list[dict[str, Any]]]]], workload: str
+) -> list[dict[str, Any]]:
+    """Per (concurrency, arm): tokens/s over the phase's full-batch steps, as sweep points."""
+    points = []
+    for c, by_arm in sorted(phases.items()):
+        for arm, runs in by_arm.items():
+            rate = full_batch_rate([line for run in runs for line in run], c)
+            points.append({"workload": workload, "concurrency": c, "arm": arm,
+                           Y_KEY: rate["tokens_per_s"], "share": rate["share"]})  # fmt: skip
+    return points
+
+
+def share_text(points: list[dict[str, Any]]) -> str:
+    """The share of each phase's time its full-batch steps cover, per concurrency and arm."""
+    table = {(p["concurrency"], p["arm"]): p["share"] for p in points}
+    lines = ["share of the phase at full batch:"]
+    for c in sorted({c for c, _ in table}):
+        lines.append(
+            f"{c:>4} " + " ".join(f"{table.get((c, a), float('nan')):>6.0%}" for a in ARMS)
+        )
+    return "\n".join(lines) + "\n"
 
 
 def plot_budget(path: Path, name: str, choices: dict[str, dict[int, dict[str, float]]]) -> None:
@@ -91,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    texts, document = [], {}
+    texts, steady_texts, document = [], [], {}
     for directory in args.directories:
         extract(directory, "k8")
         phases, _, sweep = load(directory)
@@ -106,9 +134,18 @@ def main(argv: list[str] | None = None) -> int:
             for arm in ("av8", "ad8")
         }
         plot_budget(args.out / f"budget_{name}.png", name, choices)
-        document[name] = {"goals": goals, "budget": choices}
+        steady = full_batch_points(phases, sweep["points"][0]["workload"])
+        steady_text, steady_goals = goals_text(f"{name}, full-batch steps", steady)
+        steady_texts.append(steady_text + share_text(steady))
+        document[name] = {
+            "goals": goals,
+            "budget": choices,
+            "full_batch": steady,
+            "full_batch_goals": steady_goals,
+        }
         texts.append(text)
     (args.out / "goals.txt").write_text("\n".join(texts))
+    (args.out / "goals_full_batch.txt").write_text("\n".join(steady_texts))
     (args.out / "budget.json").write_text(json.dumps(document, indent=1) + "\n")
     print("\n".join(texts), end="")
     return 0

@@ -89,3 +89,6 @@ def test_a_sweep_of_fixed_length_is_replayed_and_reported(server, tmp_path: Path
             assert choice["verified_per_row"] <= choice["drafted_per_row"] <= 8
     assert (report / "budget_sweep.png").stat().st_size > 1000
     assert "av8/k8" in (report / "goals.txt").read_text()
+    assert "share of the phase at full batch" in (report / "goals_full_batch.txt").read_text()
+    steady = json.loads((report / "budget.json").read_text())["sweep"]["full_batch"]
+    assert steady and all(0.0 <= p["share"] <= 1.0 for p in steady)
