@@ -28,9 +28,9 @@ by tokens alone mistakes batch size for verification cost. All are
 where passes are compacted; CUDA sends all K positions, a width the plan does not change). On the
 CPU host (vocab 49,152, 192 KiB a row and position) the steps' time outside the stages grew by
 0.20-0.27 ms per row and position (least squares with outliers trimmed over the step logs of
-bench/av_sweep/torch-t0.7-{chat,code}, torch-t1.0-chat): at 64 rows, 15 ms for each deeper
-draft, a third of a 64-row draft pass. Profiling in process has no hop: it is 0 as profiled and
-learned from served steps (avspec.av.cost_refresh).
+bench/av_sweep/torch-t0.7-{chat,code}, torch-t1.0-chat, torch-t0.7-chat-defer): at 64 rows,
+13-17 ms for each deeper draft, a third of a served 64-row decode pass. Profiling in process has
+no hop: it is 0 as profiled and learned from served steps (avspec.av.cost_refresh).
 """
 
 from __future__ import annotations
