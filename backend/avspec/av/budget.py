@@ -143,8 +143,8 @@ def plan_step(
     drafter_admitted = cand & drafter[row]  # [D, n]: the b-th best is a drafter's
     if hop_ms > 0:  # a deeper draft widens the probabilities of every row
         reach = torch.where(drafter_admitted, pos + 1, 0).clamp_min(base_width)
-        width = torch.cummax(reach, dim=1).values
-        widened = width - torch.cat([base_width.expand(width.shape[0], 1), width[:, :-1]], 1)
+        wide = torch.cummax(reach, dim=1).values  # [D, n]: the width once the b-th is admitted
+        widened = wide - torch.cat([base_width.expand(wide.shape[0], 1), wide[:, :-1]], 1)
         extra = extra + hop_ms * widened.double()
 
     zero = scores.new_zeros(limits.shape[0], 1)
