@@ -114,8 +114,8 @@ def plan_step(
     pending_ms = cost.pending_ms(int(base_tokens))
     rows_ms = cost.verify_row_ms * batch  # every row runs through the target
     # The draft probabilities' hop: every row, as deep as the deepest row may draft.
-    full_width = torch.where(within & ~drafter[:, None], positions + 1, 1).amax(1, keepdim=True)
-    base_width = full_width.max().clamp_min(1) if batch else positions.new_ones(())
+    full_width = torch.where(within & ~drafter[:, None], positions + 1, 1)  # [batch, K]
+    base_width = full_width.max() if batch else positions.new_ones(())
     hop_ms = cost.probs_row_ms * batch
     fixed_ms = (
         cost.overhead_ms + pending_ms + rows_ms + cost.pass_ms(full_rows).sum()

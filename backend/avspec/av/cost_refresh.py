@@ -196,9 +196,7 @@ class CostRefresh:
         self._ratios[name][_nearest(profiled.sizes, float(size))].append(ms / predicted)
 
     def _profiled(self, name: str) -> CostTable:
-        """The table `name` as profiled (the pending pass: the draft pass's, unless given)."""
-        if name == "pending_pass":
-            return self.profiled.first_pass
+        """The table `name` as profiled (`self.profiled` always holds a pending pass)."""
         table: CostTable = getattr(self.profiled, name)
         return table
 

@@ -92,6 +92,12 @@ class StepLog:
             self._file = None
 
 
+def logged_accepted(outcome: int) -> int:
+    """Accepted drafts of one `prev_accepted` entry (a row kept from the refit logs a as -1 - a,
+    avspec.av.estimator.refit_excluded)."""
+    return outcome if outcome >= 0 else -1 - outcome
+
+
 def read_step_log(
     path: Path, start: float = -float("inf"), end: float = float("inf")
 ) -> list[dict[str, Any]]:

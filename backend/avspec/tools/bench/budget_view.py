@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from avspec.av.step_log import logged_accepted
+
 
 def budget_choices(lines: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Per-row means over the decode rows of `lines` (in order): rows with a cap above 0, the
@@ -34,8 +36,7 @@ def budget_choices(lines: Sequence[dict[str, Any]]) -> dict[str, float]:
             drafted += line["drafted"][row]
             verified += line["verify"][row]
             if outcomes is not None:
-                got = outcomes[row]
-                accepted += got if got >= 0 else -1 - got
+                accepted += logged_accepted(outcomes[row])
         steps += decoding
     if not rows:
         return {"rows": 0}

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from avspec.av.step_log import logged_accepted
+
 
 def full_batch_rate(lines: Sequence[dict[str, Any]], concurrency: int) -> dict[str, float]:
     """{tokens_per_s, share, steps} over the steps of `lines` (one phase, in order) that ran
@@ -39,7 +41,7 @@ def full_batch_rate(lines: Sequence[dict[str, Any]], concurrency: int) -> dict[s
             continue
         steps += 1
         full_ms += ms
-        tokens += sum((n if n >= 0 else -1 - n) + 1 for n in outcomes)
+        tokens += sum(logged_accepted(n) + 1 for n in outcomes)
     return {
         "tokens_per_s": tokens / full_ms * 1000.0 if full_ms > 0 else 0.0,
         "share": full_ms / all_ms if all_ms > 0 else 0.0,

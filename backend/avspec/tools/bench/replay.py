@@ -39,6 +39,7 @@ from avspec.av.cost_refresh import CostRefresh
 from avspec.av.drafting import DraftPlan
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
 from avspec.av.step_cost import StepCost, rows_per_pass
+from avspec.av.step_log import logged_accepted
 from avspec.av.verifier import PROBE_INTERVAL, AdaptiveVerifier
 from avspec.config import EstimatorConfig
 from avspec.tools.bench.oracle import RecordedSteps, av_step, step_ms
@@ -161,8 +162,7 @@ def served_lengths(lines: Sequence[dict[str, Any]]) -> list[int]:
         after = lines[index + 1]["prev_accepted"] if index + 1 < len(lines) else []
         outcomes = after if len(after) == len(line["ids"]) else [0] * len(line["ids"])
         for seq, got in zip(line["ids"], outcomes, strict=True):
-            accepted = got if got >= 0 else -1 - got
-            lengths[seq] = lengths.get(seq, 0) + accepted + 1
+            lengths[seq] = lengths.get(seq, 0) + logged_accepted(got) + 1
     return list(lengths.values())
 
 
