@@ -26,6 +26,7 @@ import queue
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,13 +204,18 @@ def prompt_tokenizer(args: argparse.Namespace) -> Tokenizer | None:
 
 
 def sweep(
-    client: StreamClient, args: argparse.Namespace, arms: list[Arm], metrics_url: str | None = None
+    client: StreamClient,
+    args: argparse.Namespace,
+    arms: list[Arm],
+    metrics_url: str | None = None,
+    on_points: Callable[[list[dict]], None] | None = None,
 ) -> list[dict]:
     """Run every (workload, concurrency, round, arm) phase; return one point per arm.
 
     With `metrics_url`, each point also gets where its steps' time went (avspec.tools.
     step_breakdown over the phases of that arm, prefixed `step_`): the server's metrics are
-    scraped around every phase.
+    scraped around every phase. `on_points` gets the points so far each time a (workload,
+    concurrency) is complete, so a long sweep that is stopped keeps what it measured.
     """
     phases = [
         (w, c, r, arms[(i + r) % len(arms)])
@@ -244,6 +250,18 @@ def sweep(
                 scrapes.setdefault((w, c, arm.name), []).append((before, scrape(metrics_url)))
             old_records, old_wall = runs.get((w, c, arm.name), ([], 0.0))
             runs[(w, c, arm.name)] = (old_records + records, old_wall + wall)
+            if on_points and n + 1 < len(phases) and phases[n + 1][:2] != (w, c):
+                on_points(sweep_points(runs, scrapes, windows, arms))
+    return sweep_points(runs, scrapes, windows, arms)
+
+
+def sweep_points(
+    runs: dict[tuple[str, int, str], tuple[list[RequestRecord], float]],
+    scrapes: dict[tuple[str, int, str], list[tuple[Samples, Samples]]],
+    windows: dict[tuple[str, int, str], list[list[float]]],
+    arms: list[Arm],
+) -> list[dict]:
+    """One point per (workload, concurrency, arm) measured, the frontier marked."""
     by_name = {a.name: a for a in arms}
     points = []
     for (w, c, name), (records, wall) in runs.items():
@@ -497,7 +515,12 @@ def main(argv: list[str] | None = None) -> int:
         client = StreamClient(url, args)
         stack.callback(client.close)
         start = time.monotonic()
-        points = sweep(client, args, arms, metrics_url)
+
+        def partial(points: list[dict]) -> None:
+            args.elapsed_s = round(time.monotonic() - start, 1)
+            write_outputs(args.out, args, arms, points)
+
+        points = sweep(client, args, arms, metrics_url, partial)
         elapsed = time.monotonic() - start
         args.server_metrics = scrape_estimator(metrics_url) if metrics_url else {}
         args.elapsed_s = round(elapsed, 1)

@@ -46,6 +46,33 @@ def test_bench_serving_tiny_sweep(server, tmp_path: Path):
     assert "on the frontier" in summary and "per step (server metrics)" in summary
 
 
+def test_a_sweep_hands_over_each_concurrency_as_it_completes(server, tmp_path: Path):
+    """A long sweep writes its points as each (workload, concurrency) completes, so stopping
+    it keeps what it measured: the hand-over after c = 1 holds c = 1's arms only."""
+    bench = load_client_script("bench_serving")
+    args = bench.parse_args([
+        "--url", server.grpc_url, "--concurrency", "1,2", "--arms", "none,k2",
+        "--workloads", "code", "--prompts", "2", "--max-tokens", "4", "--rounds", "1",
+        "--requests-per-user", "1", "--min-requests", "2", "--warmup-requests", "0",
+        "--out", str(tmp_path),
+    ])  # fmt: skip
+    arms = args.arm_list
+    del args.arm_list
+    handed: list[list[tuple[int, str]]] = []
+    client = bench.StreamClient(server.grpc_url, args)
+    try:
+        points = bench.sweep(
+            client, args, arms, None,
+            lambda so_far: handed.append(sorted((p["concurrency"], p["arm"]) for p in so_far)),
+        )  # fmt: skip
+    finally:
+        client.close()
+    assert handed == [[(1, "k2"), (1, "none")]]
+    assert sorted((p["concurrency"], p["arm"]) for p in points) == [
+        (1, "k2"), (1, "none"), (2, "k2"), (2, "none"),
+    ]  # fmt: skip
+
+
 def test_a_sweep_of_fixed_length_is_replayed_and_reported(server, tmp_path: Path):
     """--ignore-eos makes every answer max_tokens long; the session server's step log, cut by
     the points' windows, is replayed for every arm (client/replay_steps.py) and the budget's
