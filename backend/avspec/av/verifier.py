@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from avspec.av.budget import StepPlan, plan_step
+from avspec.av.budget import plan_step
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
 from avspec.av.step_cost import StepCost, rows_per_pass
 from avspec.av.survival import admit, survival
@@ -55,14 +55,6 @@ from avspec.contract import VerifierInputs
 # plan stopped keeps its stale ones, and a stop decided once would hold for the rest of the
 # request (step logs: 30+ steps without a draft at concurrency 1, next to none after at 16).
 PROBE_INTERVAL = 8
-# A probe's draft pass runs every input deferred since the last pass. It is taken only while
-# that pass costs at most this share of the steps it catches up on (their ms at budget 0):
-# where a pass costs what its weights do (a memory-bound GPU) the share falls with every step
-# and probes go on; where it costs what its tokens do (llama.cpp's CPU draft: 16% of a 16-row
-# step, whatever the backlog) a stop holds, and the draft's cache is not caught up for drafts
-# that would not pay (replayed on llama.cpp's served steps: ad8 0.84 -> 0.88-0.95 of no
-# speculation at c = 8-32; the torch runtime's and a modelled GPU's replays unchanged).
-PROBE_SHARE = 0.05
 
 if TYPE_CHECKING:
     from avspec.av.cost_refresh import CostRefresh
@@ -102,8 +94,7 @@ class AdaptiveVerifier:
     cost: the step cost model the budget and the drafting plan use; refresh, when given, updates
     it from measured stage times (avspec.av.cost_refresh). drafting=False emits no plan: every
     row drafts its cap, as before adaptive drafting. probe_interval: every this many steps the
-    plan drafts at least one position (0: never), so a stop is re-examined on fresh scores, if
-    the probe's pass costs at most `probe_share` of the steps since the last pass.
+    plan drafts at least one position (0: never), so a stop is re-examined on fresh scores.
     """
 
     def __init__(
@@ -114,7 +105,6 @@ class AdaptiveVerifier:
         refresh: CostRefresh | None = None,
         drafting: bool = True,
         probe_interval: int = PROBE_INTERVAL,
-        probe_share: float = PROBE_SHARE,
     ) -> None:
         self.estimator = estimator
         self.cost = cost
@@ -122,8 +112,6 @@ class AdaptiveVerifier:
         self.refresh = refresh
         self.drafting = drafting
         self.probe_interval = probe_interval
-        self.probe_share = probe_share
-        self._stopped: torch.Tensor | None = None  # plans of depth 0 handed in a row (0-dim)
         self._pending: _Record | None = None
         # Last step's survival rows [prev_batch, position] and seq id -> row; released ids leave
         # the map. In steady state the batch repeats in order and the rows are reused as they are.
@@ -230,26 +218,12 @@ class AdaptiveVerifier:
             rows, num_draft_tokens, adaptive, adaptive_drafting, base_tokens, self.cost,
             for_next_step=True,
         )  # fmt: skip
-        depth = self._probed(plan, base_tokens)
+        depth = plan.depth
+        if self.probe_interval and self.num_steps % self.probe_interval == 0:
+            depth = depth.clamp_min(1)  # a probe: fresh scores for rows the plan had stopped
         self._plan_depth = depth
         head = torch.stack([plan.threshold.float(), depth.float(), self.estimator.slope])
         return torch.cat([head, self.estimator.intercepts[: rows.shape[1]].float()])
-
-    def _probed(self, plan: StepPlan, base_tokens: int) -> torch.Tensor:
-        """The plan's depth, at least 1 where this is a probe: `probe_interval` plans of depth 0
-        in a row, whose catch-up pass (the first-pass table over that many steps' base tokens)
-        costs at most `probe_share` of those steps at budget 0. On the plan's device, no sync."""
-        depth = plan.depth
-        if not self.probe_interval:
-            return depth
-        stopped = self._stopped if self._stopped is not None else torch.zeros_like(depth)
-        stopped = torch.where(depth > 0, 0, stopped.to(depth.device) + 1)
-        catch_up = self.cost.first_pass(stopped * max(int(base_tokens), 1)).double()
-        probe = (stopped >= self.probe_interval) & (
-            catch_up <= self.probe_share * stopped * plan.base_ms
-        )
-        self._stopped = torch.where(probe, 0, stopped)
-        return torch.where(probe, depth.clamp_min(1), depth)
 
     def _draft_ms_saved(
         self, caps: torch.Tensor, drafted: torch.Tensor, num_pos: int
