@@ -504,10 +504,16 @@ def arms_or_exit(parser: argparse.ArgumentParser, spec: str, kmax: int) -> list[
         parser.error(str(err))
 
 
+def take_arms(args: argparse.Namespace) -> list[Arm]:
+    """The arms `parse_args` parsed, taken out of `args` (whose fields go into points.json)."""
+    arms: list[Arm] = args.arm_list
+    del args.arm_list
+    return arms
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    arms = args.arm_list
-    del args.arm_list
+    arms = take_arms(args)
     with ExitStack() as stack:
         url, metrics_url = args.url, args.metrics_url
         if args.start_server:

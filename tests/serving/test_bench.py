@@ -56,8 +56,7 @@ def test_a_sweep_hands_over_each_concurrency_as_it_completes(server, tmp_path: P
         "--requests-per-user", "1", "--min-requests", "2", "--warmup-requests", "0",
         "--out", str(tmp_path),
     ])  # fmt: skip
-    arms = args.arm_list
-    del args.arm_list
+    arms = bench.take_arms(args)
     handed: list[list[tuple[int, str]]] = []
     client = bench.StreamClient(server.grpc_url, args)
     try:

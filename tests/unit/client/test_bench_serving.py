@@ -52,8 +52,7 @@ def test_write_outputs(tmp_path: Path):
     args = bench.parse_args(
         ["--out", str(tmp_path), "--arms", "none,k2,av2", "--workloads", "code"]
     )  # noqa: E501
-    arms = args.arm_list
-    del args.arm_list
+    arms = bench.take_arms(args)
     points = [
         point(1, "none", 10, 10), point(1, "k2", 12, 12), point(1, "av2", 12, 12.5),
         point(4, "none", 4, 20), point(4, "k2", 5, 30), point(4, "av2", 6, 40),
