@@ -493,3 +493,29 @@ def test_output_layer_computes_few_rows_several_depths_at_once_and_each_once() -
     torch.testing.assert_close(layer(half), hidden[half] * 2)
     torch.testing.assert_close(layer(half + 1), hidden[half + 1] * 2)
     assert products == [rows, 2 * (rows // 2)]  # depth 0; then 15 rows' depths 1 and 2 at once
+
+
+def test_output_layer_takes_the_few_positions_left_into_the_first_product() -> None:
+    """64 rows of which 6 verify one draft: the ask at depth 0 computes every position (70) in one
+    product, since the 6 left would need a product of their own (the rule without this makes
+    two: 64, then the rows asked at depth 1); 64 rows verifying one draft each still go depth by
+    depth (64 left after depth 0)."""
+    products: list[int] = []
+
+    class Model:
+        def logits(self, x):
+            products.append(len(x))
+            return x * 3.0
+
+    for verify, expected in (([1] * 6 + [0] * 58, [70]), ([1] * 64, [64, 6])):
+        products.clear()
+        lengths = [v + 1 for v in verify]
+        first = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()][:-1])
+        rows = torch.repeat_interleave(torch.arange(len(verify)), torch.tensor(lengths))
+        packed = type("Packed", (), {"rows": rows, "first": first})()
+        hidden = torch.randn(sum(lengths), 5)
+        layer = OutputLayer(Model(), hidden, packed, torch.tensor(verify), lambda x: x)
+        torch.testing.assert_close(layer(first), hidden[first] * 3)
+        accepted = first[:6] + 1  # the first 6 rows accepted their draft
+        torch.testing.assert_close(layer(accepted), hidden[accepted] * 3)
+        assert products == expected
