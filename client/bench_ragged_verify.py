@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -78,15 +79,8 @@ def with_tile_rule(rule: tuple[float, int], call: Callable[[], object]) -> Calla
     """`call` run with avspec.runtime.ragged's tile rule set to `rule` (restored after)."""
 
     def run() -> None:
-        index_defaults = ragged.RaggedIndex.__init__.__defaults__
-        group_defaults = ragged.tile_groups.__defaults__
-        ragged.RaggedIndex.__init__.__defaults__ = (rule[0], *index_defaults[1:])
-        ragged.tile_groups.__defaults__ = (rule[0], *group_defaults[1:-1], rule[1])
-        try:
+        with mock.patch.multiple(ragged, MAX_PADDING=rule[0], PAD_SLACK=rule[1]):
             call()
-        finally:
-            ragged.RaggedIndex.__init__.__defaults__ = index_defaults
-            ragged.tile_groups.__defaults__ = group_defaults
 
     return run
 

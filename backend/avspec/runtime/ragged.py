@@ -34,17 +34,22 @@ PAD_SLACK = 8  # ... or at most this many more: a tile of its own costs about as
 
 def tile_groups(
     lengths: Sequence[int],
-    max_padding: float = MAX_PADDING,
+    max_padding: float | None = None,
     key_lengths: Sequence[int] | None = None,
     max_cells: int | None = None,
-    slack: int = PAD_SLACK,
+    slack: int | None = None,
 ) -> list[list[int]]:
     """The batch's rows grouped into attention tiles (row indices, longest first).
+
+    `max_padding` and `slack` default to MAX_PADDING and PAD_SLACK, read at each call (a
+    benchmark compares tile rules by patching them).
 
     With `key_lengths` (each row's keys: cached + new) and `max_cells`, a tile's rows x its
     longest key length also stays within `max_cells` (the KV cache's read workspace), rows of
     similar key length together.
     """
+    max_padding = MAX_PADDING if max_padding is None else max_padding
+    slack = PAD_SLACK if slack is None else slack
     keys = key_lengths if key_lengths is not None else [0] * len(lengths)
     order = sorted(range(len(lengths)), key=lambda b: (-lengths[b], -keys[b]))
     groups: list[list[int]] = []
@@ -125,7 +130,7 @@ class RaggedIndex:
         starts: Sequence[int],
         lengths: Sequence[int],
         device: torch.device,
-        max_padding: float = MAX_PADDING,
+        max_padding: float | None = None,
         max_cells: int | None = None,
     ) -> None:
         positions = [starts[b] + j for b, n in enumerate(lengths) for j in range(n)]

@@ -34,6 +34,7 @@ def test_tile_rules_parse_and_bad_ones_are_named() -> None:
 def test_a_run_prints_every_mix_under_every_rule_and_restores_the_rule(tmp_path, capsys):
     target, _ = save_tiny_pair(tmp_path / "pair")
     before = (ragged.RaggedIndex.__init__.__defaults__, ragged.tile_groups.__defaults__)
+    rule = (ragged.MAX_PADDING, ragged.PAD_SLACK)
     args = ["--target", str(target), "--dtype", "float32", "--rows", "4", "--context", "16",
             "--rounds", "1", "--warmup", "0", "--padding", "2.0:0,1.25:8"]  # fmt: skip
     assert bench.main(args) == 0
@@ -41,3 +42,4 @@ def test_a_run_prints_every_mix_under_every_rule_and_restores_the_rule(tmp_path,
     assert "tiles 2.0:0 | tiles 1.25:8" in table
     assert table.count("\n| ") == 1 + len(bench.verify_mixes(4))  # header and one row per mix
     assert (ragged.RaggedIndex.__init__.__defaults__, ragged.tile_groups.__defaults__) == before
+    assert rule == (ragged.MAX_PADDING, ragged.PAD_SLACK)
