@@ -37,19 +37,17 @@ def tile_groups(
     max_padding: float | None = None,
     key_lengths: Sequence[int] | None = None,
     max_cells: int | None = None,
-    slack: int | None = None,
 ) -> list[list[int]]:
     """The batch's rows grouped into attention tiles (row indices, longest first).
 
-    `max_padding` and `slack` default to MAX_PADDING and PAD_SLACK, read at each call (a
-    benchmark compares tile rules by patching them).
+    `max_padding` defaults to MAX_PADDING; it and PAD_SLACK are read at each call (a benchmark
+    compares tile rules by patching them).
 
     With `key_lengths` (each row's keys: cached + new) and `max_cells`, a tile's rows x its
     longest key length also stays within `max_cells` (the KV cache's read workspace), rows of
     similar key length together.
     """
     max_padding = MAX_PADDING if max_padding is None else max_padding
-    slack = PAD_SLACK if slack is None else slack
     keys = key_lengths if key_lengths is not None else [0] * len(lengths)
     order = sorted(range(len(lengths)), key=lambda b: (-lengths[b], -keys[b]))
     groups: list[list[int]] = []
@@ -60,7 +58,7 @@ def tile_groups(
             width, key_width = lengths[group[0]], max(longest, keys[b])
             fits = max_cells is None or (len(group) + 1) * key_width <= max_cells
             padded, joined = (len(group) + 1) * width, real + lengths[b]
-            if fits and padded <= max(max_padding * joined, joined + slack):
+            if fits and padded <= max(max_padding * joined, joined + PAD_SLACK):
                 group.append(b)
                 real, longest = real + lengths[b], key_width
                 continue
