@@ -15,10 +15,12 @@ drawn):
   the loop also ends when no row is left. Rows that stopped leave the batch (compaction). D = 0
   when the budget admitted no draft of an adaptive drafter: the next step drafts nothing for
   them (the draft runs over their pending tokens only), which is how adaptive drafting falls
-  back to no speculation where no draft pays (a large batch on this CPU). The verifier keeps
-  such a request's last survival row as its stale score, so the plan is not fooled into drafting
-  again by rows that simply have no fresh values; a new request scores the previous batch's
-  mean row, so it brings drafting back only when the batch it joins would draft.
+  back to no speculation where no draft pays (a large batch on this CPU). A request's stale
+  score is a running average of its fresh survival rows (`verifier.STALE_WEIGHT`), so one low
+  draft does not stop it; a request that drafted nothing keeps the average it had, so the plan
+  is not fooled into drafting again by rows that simply have no fresh values; a new request
+  scores the previous batch's mean row, so it brings drafting back only when the batch it joins
+  would draft.
 - **Budget.** The plan's numbers come from `avspec.av.budget.plan_step`, which is also the
   verifier's budget: the argmax of expected tokens per ms over the stale ranking, with the draft
   passes the admitted drafts need priced by the cost tables.

@@ -55,6 +55,11 @@ from avspec.contract import VerifierInputs
 # plan stopped keeps its stale ones, and a stop decided once would hold for the rest of the
 # request (step logs: 30+ steps without a draft at concurrency 1, next to none after at 16).
 PROBE_INTERVAL = 8
+# A request's stale row is an average of its fresh rows, this weight on the previous average.
+# One step's features say little about the next (position-0 logit(q_max) of consecutive steps
+# correlates 0.16-0.22 in served step logs), so a row taken as it came let one low draft stop a
+# request until the next probe: at concurrency 1, 0.82-0.92x fixed K = 1 (docs/benchmarks.md).
+STALE_WEIGHT = 0.8
 
 if TYPE_CHECKING:
     from avspec.av.cost_refresh import CostRefresh
@@ -167,7 +172,7 @@ class AdaptiveVerifier:
         values, candidates = survival(confidences, num_drafted)
 
         in_topk = candidates & adaptive[:, None]
-        stale = self._stale_rows(ids, num_pos, features.device)
+        stale, known = self._stale_rows(ids, num_pos, features.device)
         # The draft passes of this step ran already: priced as a fixed cost, every drafter at
         # the depth the plan let it reach, none as a price per admitted draft.
         caps = num_draft_tokens.long()
@@ -181,9 +186,11 @@ class AdaptiveVerifier:
         num_verify = torch.where(adaptive, admitted, num_drafted.int()).int()
 
         self._pending = _Record(clean, confidences, num_verify, num_drafted, base_tokens)
-        # a row that drafted nothing (depth 0, or its cap 0) keeps the values it had: with no
-        # fresh ones it would score 1.0 and pull the next plan back into drafting
+        # a request's fresh row joins its running average (STALE_WEIGHT); a row that drafted
+        # nothing (depth 0, or its cap 0) keeps the values it had: with no fresh ones it would
+        # score 1.0 and pull the next plan back into drafting
         rows = _extrapolated_survival(confidences, candidates)
+        rows = torch.where(known[:, None], torch.lerp(rows, stale, STALE_WEIGHT), rows)
         rows = torch.where((num_drafted == 0)[:, None], stale, rows)
         self._stale = {seq_id: index for index, seq_id in enumerate(ids)}
         self._stale_values = rows
@@ -278,17 +285,22 @@ class AdaptiveVerifier:
         self._pending = None
         self.num_observed += 1
 
-    def _stale_rows(self, ids: list[int], num_pos: int, device: torch.device) -> torch.Tensor:
-        """Previous survival rows [batch, position] for `ids`. A sequence without one scores the
-        previous batch's mean row (1.0 when there was none): a new request is expected to
-        draft like the requests it joins. Scored 1.0, the two or three requests that join a
-        64-row batch every step looked like sure drafts and pulled each next plan into
-        drawing x_0 for every row, where no draft paid."""
+    def _stale_rows(
+        self, ids: list[int], num_pos: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Previous survival rows [batch, position] for `ids`, and which ids had one [batch]
+        bool. A sequence without one scores the previous batch's mean row (1.0 when there was
+        none): a new request is expected to draft like the requests it joins. Scored 1.0, the
+        two or three requests that join a 64-row batch every step looked like sure drafts and
+        pulled each next plan into drawing x_0 for every row, where no draft paid."""
         values = _fit_columns(self._stale_values, num_pos)
         if len(ids) == values.shape[0] and list(self._stale) == ids:
-            return values  # the same batch in the same order as last step
+            # the same batch in the same order as last step
+            return values, torch.ones(len(ids), dtype=torch.bool, device=device)
         prior = values.mean(0) if values.shape[0] else torch.ones(num_pos, device=device)
-        return torch.stack([values[self._stale[i]] if i in self._stale else prior for i in ids])
+        rows = torch.stack([values[self._stale[i]] if i in self._stale else prior for i in ids])
+        known = torch.tensor([i in self._stale for i in ids], dtype=torch.bool, device=device)
+        return rows, known
 
     def _validate(
         self, inputs: VerifierInputs, num_drafted: torch.Tensor, adaptive_drafting: torch.Tensor

@@ -13,7 +13,7 @@ from avspec.av.cost_table import CostTable
 from avspec.av.drafting import DraftPlan
 from avspec.av.estimator import AcceptanceEstimator
 from avspec.av.step_cost import StepCost
-from avspec.av.verifier import AdaptiveVerifier
+from avspec.av.verifier import STALE_WEIGHT, AdaptiveVerifier
 from avspec.config import EstimatorConfig
 from avspec.contract import VerifierInputs
 
@@ -482,6 +482,27 @@ def test_a_row_that_drafts_nothing_keeps_its_last_survival_row():
     third = verifier.step(_args([1], [[0.0] * 3], ndt=[3], drafting=[True], prev=[-1]))
     assert int(third.budget) == _budget(row, [3], 1)
     assert _budget(row, [3], 1) != _budget(torch.ones(1, 3), [3], 1)  # the case tells them apart
+
+
+def test_a_requests_stale_row_averages_its_fresh_rows():
+    """Step 1: request 1 drafts 3 at high confidence; step 2 at low confidence, and request 2
+    joins. Step 3's budget ranks request 1 by the average (STALE_WEIGHT on step 1's row, the rest
+    on step 2's) and request 2 by its own first row. Taken as it came (the rule before), one low
+    draft would rank request 1 as low as request 2."""
+    verifier = _verifier()
+    verifier.step(_args([1], [[3.0] * 3], ndt=[3], drafting=[True]))
+    verifier.step(_args([1, 2], [[-3.0] * 3] * 2, ndt=[3, 3], drafting=[True] * 2, prev=[3]))
+    third = verifier.step(_args([1, 2], [[0.0] * 3] * 2, ndt=[3, 3], drafting=[True] * 2,
+                                prev=[0, 0]))  # fmt: skip
+
+    def row(feature: float) -> torch.Tensor:
+        c = torch.sigmoid(torch.tensor(0.5 * feature - 0.2))
+        return torch.stack([c, c * c, c * c * c])
+
+    averaged = STALE_WEIGHT * row(3.0) + (1 - STALE_WEIGHT) * row(-3.0)
+    want = _budget(torch.stack([averaged, row(-3.0)]), [3, 3], 2)
+    assert int(third.budget) == want
+    assert want != _budget(torch.stack([row(-3.0), row(-3.0)]), [3, 3], 2)  # tells them apart
 
 
 def test_the_step_after_a_deferred_pending_pass_is_not_observed():
