@@ -62,6 +62,7 @@ PARAMETER_NOTES: dict[str, str] = {
     "idle_timeout_s": "free a sequence not stepped for this long (none: never)",
     "device": "torch device",
     "malloc_trim_steps": "give freed heap back to the OS every N steps (0: off)",
+    "malloc_mmap_mib": "this stage's glibc mmap threshold in MiB (0: the environment's)",
     "dtype": "serving precision of weights and KV cache (avspec.runtime.precision)",
     "vocab_limit": "logits past this many tokens set to -inf (0: none)",
     "draft_top_k": "draft from the top k tokens within top-p (0: the target's warp)",

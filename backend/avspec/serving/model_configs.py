@@ -175,6 +175,11 @@ def stage(
     return model(name, "python", inputs, outputs, params, gpu, **extra)
 
 
+# The target stage's glibc mmap threshold: 32 MiB instead of the environment's 1 MiB, which
+# page-faulted its per-step tensors in every step (docs/reliability.md, "Memory under load").
+TARGET_HEAP = {"malloc_mmap_mib": 32}
+
+
 def stage_parameters(model_dir: str, draft: bool, **values: object) -> dict[str, str]:
     """The draft's or the target's StageParams as the repository serves them."""
     served = {"max_sequences": 128, "idle_timeout_s": 600, "dtype": "auto", "engine": "auto"}
@@ -291,7 +296,7 @@ def generated_configs() -> list[GeneratedConfig]:
     stages = [
         stage("draft", DRAFT_IO, draft),
         stage("verifier", VERIFIER_IO, verifier_parameters()),
-        stage("target", TARGET_IO, stage_parameters("models/target", draft=False)),
+        stage("target", TARGET_IO, stage_parameters("models/target", draft=False, **TARGET_HEAP)),
     ]
     gpu_stages = [
         stage("draft", DRAFT_IO, {**draft, "engine": "torch"}, gpu=True),

@@ -73,6 +73,9 @@ class StageParams:
     idle_timeout_s: float | None = None  # free a sequence not seen for this long (None: never)
     device: str = "cpu"
     malloc_trim_steps: int = 10  # give freed heap back to the OS every N steps (serving.heap)
+    # this stage's glibc mmap threshold in MiB (serving.heap.set_mmap_threshold; 0: the
+    # environment's, 1 MiB from the launcher)
+    malloc_mmap_mib: int = 0
     dtype: str = "float32"  # serving dtype of weights and KV cache (SERVING_DTYPES by device)
     vocab_limit: int = 0  # the pair check's num_tokens: logits past it set to -inf (0: none)
     draft_top_k: int = 0  # draft only: sample drafts from the top k tokens within top-p (0: off)
@@ -122,6 +125,10 @@ class StageParams:
             )
         if self.malloc_trim_steps < 0:
             raise ValueError(f"malloc_trim_steps must be >= 0, got {self.malloc_trim_steps}")
+        if self.malloc_mmap_mib < 0:
+            raise ValueError(
+                f"malloc_mmap_mib must be >= 0 (0: the environment's), got {self.malloc_mmap_mib}"
+            )
         for name in ("max_draft_tokens", "max_sequences", "max_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -95,8 +95,12 @@ def server_environment(
     Memory settings, for both kinds too (values already in `base` win), so that the stage stubs'
     resident size stays flat under load (what each one fixes and costs: docs/reliability.md,
     "Memory under load"): a fixed glibc mmap threshold of 1 MiB (MALLOC_MMAP_THRESHOLD_),
-    transparent huge pages for its mappings (GLIBC_TUNABLES glibc.malloc.hugetlb=1), and a
-    oneDNN kernel cache of 64 entries (ONEDNN_PRIMITIVE_CACHE_CAPACITY).
+    transparent huge pages for its mappings (GLIBC_TUNABLES glibc.malloc.hugetlb=1), a
+    oneDNN kernel cache of 64 entries (ONEDNN_PRIMITIVE_CACHE_CAPACITY) and a cache of 128 of
+    torch's CPU bf16 matmuls (LRU_CACHE_CAPACITY, read by torch's ideep at its first matmul;
+    default 1024: new entries for each new token count, which grew the bf16 draft's resident
+    size by a third over a 10-minute soak). A stage may raise its own mmap threshold
+    (avspec.serving.stages.heap.set_mmap_threshold).
     """
     env = dict(os.environ if base is None else base)
     if cpu_threads is not None:
@@ -106,6 +110,7 @@ def server_environment(
     if not any(t.startswith("glibc.malloc.hugetlb=") for t in tunables):
         env["GLIBC_TUNABLES"] = ":".join([*tunables, "glibc.malloc.hugetlb=1"])
     env.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "64")
+    env.setdefault("LRU_CACHE_CAPACITY", "128")
     if not bundled:
         return env
     libs = [

@@ -30,7 +30,7 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 from avspec.serving import repository
 from avspec.serving.stages import metrics
 from avspec.serving.stages.adapters import VerifierAdapter, VerifierStepStats, stage_adapter
-from avspec.serving.stages.heap import HeapTrimmer
+from avspec.serving.stages.heap import HeapTrimmer, set_mmap_threshold
 
 # Parameters read by the Python backend itself, not by our adapters' parameter parsers.
 BACKEND_PARAMETERS = ("FORCE_CPU_ONLY_INPUT_TENSORS",)
@@ -173,6 +173,7 @@ class StageModel(AdapterModel):
     def initialize(self, args: Mapping[str, str]) -> None:
         config = json.loads(args["model_config"])
         params = repository.parse_parameters(repository.StageParams, adapter_parameters(config))
+        set_mmap_threshold(params.malloc_mmap_mib)
         root = repository.project_root(args["model_repository"])
         self.input_names = input_names(config)
         self.adapter = stage_adapter(self.STAGE, params, root)

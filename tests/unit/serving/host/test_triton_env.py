@@ -38,6 +38,7 @@ MALLOC_ENV = {
     "MALLOC_MMAP_THRESHOLD_": "1048576",
     "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
     "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64",
+    "LRU_CACHE_CAPACITY": "128",
 }
 
 
@@ -51,7 +52,8 @@ def test_installed_server_keeps_its_environment_but_the_thread_cap_and_malloc() 
 
 def test_malloc_settings_reach_every_server_and_yield_to_the_operators() -> None:
     """Fixed mmap threshold + huge pages against heap fragmentation in the stage stubs, and a
-    small oneDNN kernel cache (one kernel per gelu input shape)."""
+    small oneDNN kernel cache (one kernel per gelu input shape) and a small cache of torch's bf16
+    matmuls (new entries for each token count)."""
     for bundled in (True, False):
         env = server_environment({"PATH": "/usr/bin"}, bundled=bundled)
         assert {k: env[k] for k in MALLOC_ENV} == MALLOC_ENV
@@ -59,10 +61,12 @@ def test_malloc_settings_reach_every_server_and_yield_to_the_operators() -> None
         "MALLOC_MMAP_THRESHOLD_": "65536",
         "GLIBC_TUNABLES": "glibc.malloc.arena_max=2",
         "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0",
+        "LRU_CACHE_CAPACITY": "1024",
     }
     env = server_environment(mine, bundled=False)
     assert env["MALLOC_MMAP_THRESHOLD_"] == "65536"
     assert env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "0"
+    assert env["LRU_CACHE_CAPACITY"] == "1024"
     assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
     off = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}
     assert server_environment(off, bundled=False)["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
