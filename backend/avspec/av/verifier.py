@@ -298,8 +298,9 @@ class AdaptiveVerifier:
             # the same batch in the same order as last step
             return values, torch.ones(len(ids), dtype=torch.bool, device=device)
         prior = values.mean(0) if values.shape[0] else torch.ones(num_pos, device=device)
-        rows = torch.stack([values[self._stale[i]] if i in self._stale else prior for i in ids])
-        known = torch.tensor([i in self._stale for i in ids], dtype=torch.bool, device=device)
+        index = [self._stale.get(i) for i in ids]
+        rows = torch.stack([prior if r is None else values[r] for r in index])
+        known = torch.tensor([r is not None for r in index], dtype=torch.bool, device=device)
         return rows, known
 
     def _validate(
