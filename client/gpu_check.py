@@ -64,7 +64,7 @@ def make_verifier(k: int, device: torch.device, refit_interval: int) -> Adaptive
 
 
 def planned_drafts(plan: torch.Tensor, features: torch.Tensor, caps: torch.Tensor) -> torch.Tensor:
-    """num_drafted [batch] under a draft plan [3 + K] (empty: the caps), on the device.
+    """num_drafted [batch] under a draft plan [4 + K] (empty: the caps), on the device.
 
     The draft stage's rule (avspec.av.drafting) as tensor ops, no host read: draft 0 always,
     then position i while i < depth and the survival up to i - 1 stays >= the threshold.
@@ -72,7 +72,7 @@ def planned_drafts(plan: torch.Tensor, features: torch.Tensor, caps: torch.Tenso
     if plan.numel() == 0:
         return caps.clone()
     k = features.shape[1]
-    threshold, depth, slope, intercepts = plan[0], plan[1], plan[2], plan[3 : 3 + k]
+    threshold, depth, slope, intercepts = plan[0], plan[1], plan[2], plan[4 : 4 + k]
     values = torch.cumprod(torch.sigmoid(slope * features.float() + intercepts), dim=1)
     keeps = torch.cumprod((values[:, :-1] >= threshold).int(), dim=1)  # [batch, K - 1]
     within = torch.arange(1, k, device=features.device) < depth

@@ -94,7 +94,7 @@ class StepInputs:
     release_seq_ids: torch.Tensor = tensor(torch.int64, "released")
     # [batch] bool: an adaptive row also stops drafting by the plan (avspec.av.drafting)
     adaptive_drafting: torch.Tensor = tensor(torch.bool, "batch", empty_default=True)
-    # [3 + K] float32, the previous step's DraftPlan; empty: no plan, every row drafts its cap
+    # [4 + K] float32, the previous step's DraftPlan; empty: no plan, every row drafts its cap
     draft_plan: torch.Tensor = tensor(torch.float32, "plan", empty_default=True)
     # [K + 2] float32, the previous step's draft ms per pass, target ms, step wall ms; or empty
     prev_timing_ms: torch.Tensor = tensor(torch.float32, "timing", empty_default=True)
@@ -145,7 +145,7 @@ class StepOutputs:
     # [batch] int32; the sequence gains num_accepted + 1 tokens
     num_accepted: torch.Tensor = tensor(torch.int32, "batch")
     num_verify: torch.Tensor = tensor(torch.int32, "batch")  # [batch] int32, drafts admitted
-    # [3 + K] float32, the plan of the next step (avspec.av.drafting); empty: none
+    # [4 + K] float32, the plan of the next step (avspec.av.drafting); empty: none
     next_draft_plan: torch.Tensor = tensor(torch.float32, "plan", empty_default=True)
     # [K] float32, ms per draft pass
     draft_ms: torch.Tensor = tensor(torch.float32, "K", empty_default=True)

@@ -21,6 +21,15 @@ drawn):
   is not fooled into drafting again by rows that simply have no fresh values; a new request
   scores the previous batch's mean row, so it brings drafting back only when the batch it joins
   would draft.
+- **Probe.** A plan of depth 0 would hold forever on stale rows, so every few steps the verifier
+  sends a probe: a stride S > 0 under which a request whose seq id is a multiple of S drafts at
+  least x_0 (`probed`). S is 1 (every request) up to `verifier.PROBE_ROWS` requests and grows
+  with the batch, so a large batch probes about that many requests, the same ones each time
+  (seq ids are fixed): on this CPU a probe of every row of 64 cost the draft's pass over every
+  row's deferred inputs (about 200 ms for 8 steps of 64 rows) and the target's verification of
+  about 45 drafts, for some 18 accepted tokens. The others keep their averaged rows; a new
+  request scores the batch's mean row, and when the probed rows make drafting pay, the plan's
+  depth brings every request back.
 - **Budget.** The plan's numbers come from `avspec.av.budget.plan_step`, which is also the
   verifier's budget: the argmax of expected tokens per ms over the stale ranking, with the draft
   passes the admitted drafts need priced by the cost tables.
@@ -44,18 +53,20 @@ import torch
 
 from avspec.checks import check_shape
 
-# Layout of the plan tensor: [threshold, depth, slope, intercept_0 .. intercept_{K-1}].
-_HEAD = 3
+# Layout of the plan tensor: [threshold, depth, slope, probe stride, intercept_0 .. _{K-1}].
+_HEAD = 4
 
 
 @dataclass(frozen=True)
 class DraftPlan:
-    """What the draft of the next step may know: coefficients, threshold tau and depth D."""
+    """What the draft of the next step may know: coefficients, threshold tau, depth D and the
+    probe's stride (0: no probe; see `probed`)."""
 
     threshold: float
     depth: int
     slope: float
     intercepts: tuple[float, ...]
+    probe_stride: int = 0
     # device -> (slope [], intercepts [K]) fp32: one host-to-device copy per plan and device,
     # not one per draft pass (on CUDA each would block the host).
     _on_device: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
@@ -70,9 +81,13 @@ class DraftPlan:
         return self._on_device[device]
 
     def to_tensor(self) -> torch.Tensor:
-        """[3 + K] float32 on the CPU: threshold, depth, slope, intercepts."""
-        head = [self.threshold, float(self.depth), self.slope]
+        """[4 + K] float32 on the CPU: threshold, depth, slope, probe stride, intercepts."""
+        head = [self.threshold, float(self.depth), self.slope, float(self.probe_stride)]
         return torch.tensor(head + list(self.intercepts), dtype=torch.float32)
+
+    def row_depth(self, seq_id: int) -> int:
+        """The depth the plan gives request `seq_id`: D, at least 1 when the probe takes it."""
+        return max(self.depth, 1) if probed(seq_id, self.probe_stride) else self.depth
 
     @classmethod
     def from_tensor(cls, plan: torch.Tensor, num_positions: int) -> DraftPlan | None:
@@ -80,7 +95,8 @@ class DraftPlan:
 
         ValueError naming the problem for a wrong shape or values: non-finite entries, a
         threshold outside [0, 1], a depth that is not an integer in 0..num_positions (0: the
-        adaptive drafters draft nothing), or fewer than num_positions intercepts.
+        adaptive drafters draft nothing), a probe stride that is not an integer >= 0, or fewer
+        than num_positions intercepts.
         """
         check_shape("draft_plan", plan, (None,))
         if plan.numel() == 0:
@@ -88,18 +104,31 @@ class DraftPlan:
         values = [float(v) for v in plan.detach().cpu().double().tolist()]
         if len(values) < _HEAD + num_positions:
             raise ValueError(
-                f"draft_plan has {len(values)} entries, want 3 + {num_positions} "
-                "(threshold, depth, slope, one intercept per draft position)"
+                f"draft_plan has {len(values)} entries, want 4 + {num_positions} "
+                "(threshold, depth, slope, probe stride, one intercept per draft position)"
             )
         if any(v != v or v in (float("inf"), float("-inf")) for v in values):
             raise ValueError("draft_plan must be finite")
-        threshold, depth, slope = values[:_HEAD]
+        threshold, depth, slope, stride = values[:_HEAD]
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"draft_plan threshold {threshold} outside [0, 1]")
         if depth != int(depth) or not 0 <= depth <= num_positions:
             raise ValueError(f"draft_plan depth {depth} is not an integer in 0..{num_positions}")
+        if stride != int(stride) or stride < 0:
+            raise ValueError(f"draft_plan probe stride {stride} is not an integer >= 0")
         intercepts = tuple(values[_HEAD : _HEAD + num_positions])
-        return cls(threshold, int(depth), slope, intercepts)
+        return cls(threshold, int(depth), slope, intercepts, int(stride))
+
+
+def probed(seq_id: int, stride: int) -> bool:
+    """Whether a probe of `stride` takes request `seq_id`: a stride > 0 dividing the id."""
+    return stride > 0 and seq_id % stride == 0
+
+
+def probe_stride(batch: int, rows: int) -> int:
+    """The stride under which a probe takes about `rows` of a batch of `batch` requests:
+    1 (all of them) up to `rows`, then ceil(batch / rows)."""
+    return max(1, -(-batch // rows))
 
 
 def stop_confidence(features: torch.Tensor, position: int, plan: DraftPlan) -> torch.Tensor:
@@ -122,34 +151,40 @@ def draft_limits(
     adaptive: list[bool],
     adaptive_drafting: list[bool],
     plan: DraftPlan | None,
+    seq_ids: list[int],
 ) -> tuple[list[int], list[bool]]:
     """Per-row draft limit and whether the row stops by the plan (host lists).
 
     Without a plan, or for a row that is not adaptive or not drafting adaptively, the limit is
     the row's cap and it never stops early: fixed drafting exactly as without this module.
+    Otherwise min(cap, the plan's depth for the row's seq id: DraftPlan.row_depth).
     """
     stops = [plan is not None and a and d for a, d in zip(adaptive, adaptive_drafting, strict=True)]
     limits = [
-        min(cap, plan.depth) if stop and plan is not None else cap
-        for cap, stop in zip(num_draft_tokens, stops, strict=True)
+        min(cap, plan.row_depth(seq_id)) if stop and plan is not None else cap
+        for cap, stop, seq_id in zip(num_draft_tokens, stops, seq_ids, strict=True)
     ]
     return limits, stops
 
 
 def drafted_by_plan(
-    features: torch.Tensor, num_draft_tokens: torch.Tensor, plan: DraftPlan
+    features: torch.Tensor, num_draft_tokens: torch.Tensor, plan: DraftPlan, seq_ids: list[int]
 ) -> torch.Tensor:
     """num_drafted [rows] int32 of rows whose features at every position are known.
 
     The stop rule of the draft stage applied at once (replays of recorded drafts, where the
     features of positions a row would not have drafted were recorded anyway): a row drafts
-    min(cap, depth) positions, or fewer: through the first position whose survival is < tau.
-    features [rows, K] fp32 logit(q_max); num_draft_tokens [rows] caps.
+    min(cap, its depth) positions (`DraftPlan.row_depth` of its seq id), or fewer: through the
+    first position whose survival is < tau. features [rows, K] fp32 logit(q_max);
+    num_draft_tokens [rows] caps; seq_ids the rows' requests.
     """
     check_shape("features", features, (None, None))
     rows, k = features.shape
     check_shape("num_draft_tokens", num_draft_tokens, (rows,))
-    limit = num_draft_tokens.long().clamp(max=plan.depth)
+    if len(seq_ids) != rows:
+        raise ValueError(f"seq_ids has {len(seq_ids)} ids for {rows} rows")
+    depths = torch.tensor([plan.row_depth(s) for s in seq_ids], dtype=torch.long)
+    limit = torch.minimum(num_draft_tokens.long(), depths.to(features.device))
     survival = torch.ones(rows, dtype=torch.float32, device=features.device)
     drafted = torch.zeros(rows, dtype=torch.long, device=features.device)
     going = torch.ones(rows, dtype=torch.bool, device=features.device)

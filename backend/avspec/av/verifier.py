@@ -45,6 +45,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from avspec.av.budget import plan_step
+from avspec.av.cost_refresh import partial_draws
+from avspec.av.drafting import probe_stride, probed
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
 from avspec.av.step_cost import StepCost, rows_per_pass
 from avspec.av.survival import admit, survival
@@ -55,6 +57,9 @@ from avspec.contract import VerifierInputs
 # plan stopped keeps its stale ones, and a stop decided once would hold for the rest of the
 # request (step logs: 30+ steps without a draft at concurrency 1, next to none after at 16).
 PROBE_INTERVAL = 8
+# A probe takes about this many requests of a batch (every one of a batch up to this size), by
+# seq id (avspec.av.drafting.probed): the same ones each time, so only their drafts catch up.
+PROBE_ROWS = 8
 # A request's stale row is an average of its fresh rows, this weight on the previous average.
 # One step's features say little about the next (position-0 logit(q_max) of consecutive steps
 # correlates 0.16-0.22 in served step logs), so a row taken as it came let one low draft stop a
@@ -76,7 +81,7 @@ class VerifyDecision:
     drafted: torch.Tensor  # [] int64, sum of num_drafted
     verified: torch.Tensor  # [] int64, sum of num_verify
     trimmed: torch.Tensor  # [] int64, drafted - verified
-    draft_plan: torch.Tensor  # [3 + K] float32 on the device, the next step's plan; or empty
+    draft_plan: torch.Tensor  # [4 + K] float32 on the device, the next step's plan; or empty
     stopped_early: torch.Tensor  # [] int64, sum of num_draft_tokens - num_drafted
     draft_passes: torch.Tensor  # [] int64, draft positions the deepest row drafted
     draft_ms_saved: torch.Tensor  # [] float64, cost-table ms of the passes not run vs the caps
@@ -99,7 +104,8 @@ class AdaptiveVerifier:
     cost: the step cost model the budget and the drafting plan use; refresh, when given, updates
     it from measured stage times (avspec.av.cost_refresh). drafting=False emits no plan: every
     row drafts its cap, as before adaptive drafting. probe_interval: every this many steps the
-    plan drafts at least one position (0: never), so a stop is re-examined on fresh scores.
+    plan drafts at least one position (0: never) for about `probe_rows` requests, so a stop
+    is re-examined on fresh scores.
     """
 
     def __init__(
@@ -110,6 +116,7 @@ class AdaptiveVerifier:
         refresh: CostRefresh | None = None,
         drafting: bool = True,
         probe_interval: int = PROBE_INTERVAL,
+        probe_rows: int = PROBE_ROWS,
     ) -> None:
         self.estimator = estimator
         self.cost = cost
@@ -117,6 +124,9 @@ class AdaptiveVerifier:
         self.refresh = refresh
         self.drafting = drafting
         self.probe_interval = probe_interval
+        if probe_rows < 1:
+            raise ValueError(f"probe_rows must be >= 1, got {probe_rows}")
+        self.probe_rows = probe_rows
         self._pending: _Record | None = None
         # Last step's survival rows [prev_batch, position] and seq id -> row; released ids leave
         # the map. In steady state the batch repeats in order and the rows are reused as they are.
@@ -127,6 +137,7 @@ class AdaptiveVerifier:
         self.num_dropped_records = 0  # outcomes whose length did not match the recorded batch
         self.num_bad_timings = 0  # prev_timing_ms the cost refresh refused
         self._plan_depth: torch.Tensor | None = None  # D of the last plan handed to the draft
+        self._probe_stride = 0  # and its probe's stride (0: none)
 
     def step(self, inputs: VerifierInputs) -> VerifyDecision:
         """Decide num_verify for one step; see the module docstring for the order of work and
@@ -177,7 +188,13 @@ class AdaptiveVerifier:
         # the depth the plan let it reach, none as a price per admitted draft.
         caps = num_draft_tokens.long()
         if self._plan_depth is not None:
-            reach = caps.clamp(max=self._plan_depth.to(caps.device))
+            depth = self._plan_depth.to(caps.device)
+            if self._probe_stride:
+                taken = [probed(i, self._probe_stride) for i in ids]
+                depth = torch.where(
+                    torch.tensor(taken, device=caps.device), depth.clamp_min(1), depth
+                )
+            reach = caps.clamp(max=depth)
             caps = torch.where(adaptive.bool() & adaptive_drafting.bool(), reach, caps)
         plan = plan_step(
             stale, caps, adaptive, torch.zeros_like(adaptive_drafting), base_tokens, self.cost
@@ -215,8 +232,10 @@ class AdaptiveVerifier:
     ) -> torch.Tensor:
         """The plan of the next step from this step's survival rows (this batch as its proxy).
 
-        [3 + K] float32 on the estimator's device: threshold, depth, slope, intercepts (the
-        layout of DraftPlan.to_tensor), built without a host sync; empty when drafting is off.
+        [4 + K] float32 on the estimator's device: threshold, depth, slope, probe stride,
+        intercepts (the layout of DraftPlan.to_tensor), built without a host sync; empty when
+        drafting is off. A probe (every `probe_interval` steps) gives about `probe_rows`
+        requests at least one position: fresh scores for rows the plan had stopped.
         """
         if not self.drafting:
             self._plan_depth = None
@@ -225,12 +244,13 @@ class AdaptiveVerifier:
             rows, num_draft_tokens, adaptive, adaptive_drafting, base_tokens, self.cost,
             for_next_step=True,
         )  # fmt: skip
-        depth = plan.depth
+        stride = 0
         if self.probe_interval and self.num_steps % self.probe_interval == 0:
-            depth = depth.clamp_min(1)  # a probe: fresh scores for rows the plan had stopped
-        self._plan_depth = depth
-        head = torch.stack([plan.threshold.float(), depth.float(), self.estimator.slope])
-        return torch.cat([head, self.estimator.intercepts[: rows.shape[1]].float()])
+            stride = probe_stride(rows.shape[0], self.probe_rows)
+        self._plan_depth, self._probe_stride = plan.depth, stride
+        head = torch.stack([plan.threshold.float(), plan.depth.float(), self.estimator.slope])
+        stride_t = torch.full((1,), float(stride), device=rows.device)
+        return torch.cat([head, stride_t, self.estimator.intercepts[: rows.shape[1]].float()])
 
     def _draft_ms_saved(
         self, caps: torch.Tensor, drafted: torch.Tensor, num_pos: int
@@ -261,8 +281,9 @@ class AdaptiveVerifier:
         tokens = pending.base_tokens + int(pending.num_verify.detach().cpu().long().sum())
         try:
             self.refresh.observe(
-                rows, timing[:k], tokens, timing[k], timing[k + 1], verify_rows=len(drafted)
-            )
+                rows, timing[:k], tokens, timing[k], timing[k + 1], verify_rows=len(drafted),
+                partial=partial_draws(drafted),
+            )  # fmt: skip
         except ValueError:
             self.num_bad_timings += 1
 

@@ -15,10 +15,12 @@ nothing: each row's pending inputs are deferred (`SequenceSlots.defer`) and run 
 inputs of the next step that drafts, so the draft's cache is current whenever it draws. On a
 memory-bound GPU that saves the whole pass (a pass over 16 rows costs what one over 1 does); where
 compute binds (this CPU) the tokens cost about the same later, and the step saves the pass's fixed
-cost. On the CPU a row that stopped leaves the batch of the next pass
-(compaction: the pass costs what its rows cost). On CUDA the rows are masked instead, so the loop
-never reads a device value: D and the limits are host numbers from the plan, stopped rows still run
-but draft nothing (not yet run on a GPU).
+cost. In a step in which some rows draft, a row that draws nothing (limit 0: a probe that did not
+take it, a cap of 0) defers its inputs the same way: the pass runs the drawing rows only, so a
+row that never drafts never pays for the draft's pass over its tokens. On the CPU a row that
+stopped leaves the batch of the next pass (compaction: the pass costs what its rows cost). On
+CUDA the rows are masked instead, so the loop never reads a device value: D and the limits are
+host numbers from the plan, stopped rows still run but draft nothing (not yet run on a GPU).
 
 Each draft is sampled from the warped draft distribution q (avspec.engine.sampling, same warp as the
 target) with the sequence's own generator; the feature is logit(q_max) of the temperature-scaled
@@ -103,7 +105,7 @@ class DraftStage(ModelStage):
         plan = DraftPlan.from_tensor(inputs.draft_plan, self.max_draft_tokens)
         batch, k, vocab = inputs.batch_size, self.max_draft_tokens, self.vocab_width
         limits, stops = draft_limits(
-            step.num_draft_tokens, step.adaptive, step.adaptive_drafting, plan
+            step.num_draft_tokens, step.adaptive, step.adaptive_drafting, plan, step.seq_ids
         )
         started = time.perf_counter()
         hidden = self._pending(step, inputs, limits)  # may lower limits (a head: no features)
@@ -145,26 +147,37 @@ class DraftStage(ModelStage):
     def _pending(
         self, step: HostStep, inputs: StepInputs, limits: list[int]
     ) -> torch.Tensor | None:
-        """Apply the cache rule and run every row's pending inputs: the last block's output
-        [batch, width] at each row's last pending token (where draft 0's logits come from; the
-        output layer runs on the rows that draft only), None for an empty batch. A subclass
-        may lower `limits` (in place) for rows it cannot draft."""
+        """Apply the cache rule and run the pending inputs of every row that draws: the last
+        block's output [batch, width] at each such row's last pending token (where draft 0's
+        logits come from; the output layer runs on the rows that draft only; 0 at the other
+        rows), [batch, 0] when no row draws, None for an empty batch. A row that draws nothing
+        (limit 0) defers its inputs: nothing reads its pass, they run in front of its inputs of
+        the next step it draws in. A subclass may lower `limits` (in place) for rows it cannot
+        draft."""
         offsets = self.slots.prepare(step)
         if not step.seq_ids:
             return None
         rows = [inputs.input_ids[r, offsets[r] : n] for r, n in enumerate(step.input_lengths)]
-        if not any(limits):  # no row draws: nothing reads the pass, run it with the next one
-            for seq_id, tokens in zip(step.seq_ids, rows, strict=True):
-                self.slots.defer(seq_id, tokens)
-            return torch.zeros(len(rows), 0, device=self.device)  # no row reads it
+        draws = [r for r, limit in enumerate(limits) if limit > 0]
         for r, seq_id in enumerate(step.seq_ids):
+            if limits[r] == 0:
+                self.slots.defer(seq_id, rows[r])
+        if not draws:
+            return torch.zeros(len(rows), 0, device=self.device)  # no row reads it
+        ids = [step.seq_ids[r] for r in draws]
+        run = []
+        for r, seq_id in zip(draws, ids, strict=True):
             deferred = self.slots.take_deferred(seq_id)
-            if deferred is not None:
-                rows[r] = torch.cat([deferred, rows[r]])
-        lengths = [int(tokens.numel()) for tokens in rows]
-        packed = torch.cat(rows).to(self.device, torch.int64)  # [tokens]
-        last = torch.tensor(lengths, device=self.device).cumsum(0) - 1  # [batch]
-        return self.forward_cached(step.seq_ids, packed, lengths, at=last)
+            run.append(rows[r] if deferred is None else torch.cat([deferred, rows[r]]))
+        lengths = [int(tokens.numel()) for tokens in run]
+        packed = torch.cat(run).to(self.device, torch.int64)  # [tokens]
+        last = torch.tensor(lengths, device=self.device).cumsum(0) - 1  # [draws]
+        hidden = self.forward_cached(ids, packed, lengths, at=last)
+        if len(draws) == len(rows):
+            return hidden
+        full = hidden.new_zeros(len(rows), hidden.shape[1])
+        full[torch.tensor(draws, device=self.device)] = hidden
+        return full
 
     def _next_logits(
         self, seq_ids: list[int], index: torch.Tensor, previous: torch.Tensor

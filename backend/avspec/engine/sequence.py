@@ -174,7 +174,7 @@ class Carry:
     prev_num_accepted: torch.Tensor = field(
         default_factory=lambda: torch.zeros(0, dtype=torch.int32)
     )
-    # [3 + K] float32, the verifier's plan for the next draft
+    # [4 + K] float32, the verifier's plan for the next draft
     draft_plan: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
     # [K + 2] float32: draft ms per pass, target ms, the step's wall ms
     prev_timing_ms: torch.Tensor = field(default_factory=lambda: torch.zeros(0))

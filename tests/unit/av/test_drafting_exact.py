@@ -76,6 +76,7 @@ V, B, K = 3, 2, 3
 L = K + 1  # completion horizon: the longest block one step can emit
 CAPS = [3, 3]  # num_draft_tokens per request
 ADAPTIVE = [True, True]  # both compete in the top-k and stop by the plan
+SEQ_IDS = [1, 2]  # the requests' ids (a probe takes the multiples of its stride)
 BASE_TOKENS = B  # one token per decoding request is verified anyway
 
 Seq = tuple[int, ...]
@@ -382,10 +383,14 @@ def _admitted(branch: Branch, hooks: Hooks, stale_budget: int) -> tuple[tuple[Se
     return tuple(d[:n] for d, n in zip(branch.drafts, num_verify, strict=True)), budget
 
 
-def step_law(hooks: Hooks, *, with_plan: bool = True, tau: float = TAU) -> StepLaw:
-    """Enumerate one step: weights of the admitted prefixes, and whether stop and budget bound."""
-    plan, stale_budget = _stale_plan(tau)
-    limits, stops = draft_limits(CAPS, ADAPTIVE, ADAPTIVE, plan if with_plan else None)
+def step_law(
+    hooks: Hooks, *, with_plan: bool = True, tau: float = TAU, plan: DraftPlan | None = None
+) -> StepLaw:
+    """Enumerate one step: weights of the admitted prefixes, and whether stop and budget bound.
+    `plan` replaces the stale plan (its budget stays the stale one)."""
+    stale_plan, stale_budget = _stale_plan(tau)
+    plan = plan or stale_plan
+    limits, stops = draft_limits(CAPS, ADAPTIVE, ADAPTIVE, plan if with_plan else None, SEQ_IDS)
     result = StepLaw(draw=hooks.draw, report=hooks.report)
     for branch in _draft_branches(plan, limits, stops, hooks):
         admitted, budget = _admitted(branch, hooks, stale_budget)
@@ -513,9 +518,22 @@ def test_safe_pipeline_is_exact_with_stop_and_budget_binding():
     assert mismatches(law) == (0, 0)
 
 
+def test_a_probe_of_some_requests_is_exact():
+    """A plan of depth 0 whose probe takes request 2 only (stride 2): request 1 drafts nothing,
+    request 2 draws x_0 and stops; which rows a probe takes is fixed by seq id before any draw,
+    so the law stays exact."""
+    stale, _ = _stale_plan()
+    plan = replace(stale, depth=0, probe_stride=2)
+    assert draft_limits(CAPS, ADAPTIVE, ADAPTIVE, plan, SEQ_IDS)[0] == [0, 1]
+    law = step_law(SAFE, plan=plan)
+    assert sum(law.weights.values()) == 1
+    assert law.verified <= {(0, 0), (0, 1)} and (0, 1) in law.verified, law.verified
+    assert mismatches(law) == (0, 0)
+
+
 def test_fixed_drafting_without_plan_is_exact():
     """draft_limits(plan=None): every row drafts to its cap, and the law is exact too."""
-    assert draft_limits(CAPS, ADAPTIVE, ADAPTIVE, None) == (CAPS, [False] * B)
+    assert draft_limits(CAPS, ADAPTIVE, ADAPTIVE, None, SEQ_IDS) == (CAPS, [False] * B)
     law = step_law(SAFE, with_plan=False)
     assert sum(law.weights.values()) == 1
     assert not law.stopped_early and law.trimmed  # all 6 drafted, 3 admitted

@@ -308,8 +308,9 @@ def test_bad_input_raises_and_changes_nothing(change, match):
 
 
 def test_draft_plan_is_threshold_depth_slope_intercepts_of_this_steps_rows():
-    """[threshold, depth, slope, intercepts[:K]] (float32): plan_step on this step's survival
-    rows (extrapolated past the cap of row 1), with the estimator's coefficients as they stand."""
+    """[threshold, depth, slope, probe stride, intercepts[:K]] (float32): plan_step on this
+    step's survival rows (extrapolated past the cap of row 1), with the estimator's coefficients
+    as they stand."""
     cost = StepCost.linear(0.4, 0.1, 1.0, 0.05, 8, 64)
     verifier = _verifier(cost=cost, num_positions=4)
     verifier.estimator.slope.fill_(0.8)
@@ -317,7 +318,7 @@ def test_draft_plan_is_threshold_depth_slope_intercepts_of_this_steps_rows():
     features = [[3.0, 2.0, 1.5], [0.5, -1.0, 9.0]]  # row 1's position 2 is past its cap
     decision = verifier.step(_args([1, 2], features, ndt=[3, 2], drafting=[True, False]))
     plan = decision.draft_plan
-    assert plan.shape == (3 + K,) and plan.dtype == torch.float32
+    assert plan.shape == (4 + K,) and plan.dtype == torch.float32
     conf = torch.sigmoid(0.8 * torch.tensor(features) + torch.tensor([0.5, 0.1, -0.3]))
     # row 1 drafted 2: its last confidence c_1 is repeated past the cap
     rows = torch.stack([conf[0], torch.stack([conf[1, 0], conf[1, 1], conf[1, 1]])]).cumprod(1)
@@ -325,7 +326,8 @@ def test_draft_plan_is_threshold_depth_slope_intercepts_of_this_steps_rows():
     torch.testing.assert_close(plan[0], want.threshold.float())
     assert plan[1] == float(want.depth) and 1 <= int(want.depth) <= K
     assert plan[2] == torch.tensor(0.8)
-    assert plan[3:].tolist() == torch.tensor([0.5, 0.1, -0.3]).tolist()
+    assert plan[3] == 0.0  # the first step is no probe (every 8th is)
+    assert plan[4:].tolist() == torch.tensor([0.5, 0.1, -0.3]).tolist()
     parsed = DraftPlan.from_tensor(plan, K)
     assert parsed is not None and parsed.depth == int(want.depth)
     assert parsed.intercepts == tuple(torch.tensor([0.5, 0.1, -0.3]).tolist())
@@ -340,22 +342,42 @@ def test_draft_plan_follows_a_refit():
     decision = verifier.step(_args([1, 2], [[1.0] * 3] * 2, prev=[1, 3]))
     assert verifier.estimator.num_refits == 1
     assert decision.draft_plan[2] == verifier.estimator.slope
-    assert torch.equal(decision.draft_plan[3:], verifier.estimator.intercepts[:K])
+    assert torch.equal(decision.draft_plan[4:], verifier.estimator.intercepts[:K])
 
 
 @pytest.mark.parametrize("interval", [0, 4])
 def test_a_stopped_plan_probes_one_position_every_interval(interval):
-    """Draft passes that never pay plan depth 0; every `probe_interval` steps the plan drafts
-    one position anyway, so the stop is re-examined on fresh scores (0: never)."""
+    """Draft passes that never pay plan depth 0; every `probe_interval` steps the plan carries a
+    probe (stride 1 for a batch this small: every request drafts one position), so the stop is
+    re-examined on fresh scores (0: never)."""
     dear = StepCost(CostTable([1], [1000.0], name="draft_pass"), STEEP)
     verifier = _verifier(cost=dear, probe_interval=interval)
-    depths = []
+    plans = []
     for step in range(12):
         prev = [1, 1] if step else []
         decision = verifier.step(_args([1, 2], [[-2.0] * K] * 2, prev=prev, drafting=[True] * 2))
-        depths.append(int(decision.draft_plan[1]))
+        plans.append(DraftPlan.from_tensor(decision.draft_plan, K))
     probes = [n for n in range(1, 13) if interval and n % interval == 0]
-    assert depths == [1 if n in probes else 0 for n in range(1, 13)]
+    assert [p.depth for p in plans] == [0] * 12
+    assert [p.probe_stride for p in plans] == [1 if n in probes else 0 for n in range(1, 13)]
+    assert [[p.row_depth(i) for i in (1, 2)] for p in plans] == [
+        [1, 1] if n in probes else [0, 0] for n in range(1, 13)
+    ]
+
+
+@pytest.mark.parametrize(("batch", "stride"), [(8, 1), (9, 2), (20, 3), (64, 8)])
+def test_a_probe_of_a_large_batch_takes_about_probe_rows_requests(batch, stride):
+    """The probe's stride is ceil(batch / probe_rows) (8): a probe takes the requests whose seq
+    id is a multiple of it, at most 8 of a batch."""
+    dear = StepCost(CostTable([1], [1000.0], name="draft_pass"), STEEP)
+    verifier = _verifier(cost=dear, probe_interval=1)
+    ids = list(range(100, 100 + batch))
+    decision = verifier.step(_args(ids, [[-2.0] * K] * batch, drafting=[True] * batch))
+    plan = DraftPlan.from_tensor(decision.draft_plan, K)
+    assert plan is not None and plan.depth == 0 and plan.probe_stride == stride
+    assert 1 <= sum(plan.row_depth(i) for i in ids) <= 8
+    with pytest.raises(ValueError, match="probe_rows must be >= 1"):
+        _verifier(probe_rows=0)
 
 
 def test_no_plan_when_drafting_is_off():
@@ -364,7 +386,7 @@ def test_no_plan_when_drafting_is_off():
         verifier.step(_args([1, 2], [[1.0, 0.0, -1.0]] * 2, drafting=[True, True]))
     args = _args([1, 2], [[0.5] * 3] * 2, prev=[1, 1], drafting=[True, True])
     with_plan, without = on.step(args), off.step(args)
-    assert with_plan.draft_plan.shape == (3 + K,)
+    assert with_plan.draft_plan.shape == (4 + K,)
     assert without.draft_plan.shape == (0,)
     assert torch.equal(with_plan.num_verify, without.num_verify)
     assert torch.equal(with_plan.budget, without.budget)

@@ -237,4 +237,4 @@ def test_planned_drafts_agree_with_the_library_rule() -> None:
         features = torch.randn(batch, k, generator=gen) * 3
         caps = torch.randint(0, k + 1, (batch,), generator=gen).int()
         got = gpu_check.planned_drafts(plan.to_tensor(), features, caps)
-        assert torch.equal(got, drafted_by_plan(features, caps, plan)), plan
+        assert torch.equal(got, drafted_by_plan(features, caps, plan, list(range(batch)))), plan

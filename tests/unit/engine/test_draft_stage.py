@@ -58,7 +58,9 @@ def test_drafts_match_full_recomputation_over_accept_reject_cycles() -> None:
                 out.draft_probs[r, n:].abs().sum() == 0
                 and out.draft_features[r, n:].abs().sum() == 0
             )
-            assert stage.cache.length(s) == len(v["committed"]) + max(n - 1, 0)
+            assert stage.slots.held(s) == len(v["committed"]) + max(n - 1, 0)
+            # a row that draws nothing while others draw defers its inputs: none are cached
+            assert stage.cache.length(s) == (0 if n == 0 else stage.slots.held(s))
             accepted = int(torch.randint(0, n + 1, (), generator=rng))
             new = drafts[:accepted] + [int(torch.randint(0, 256, (), generator=rng))]
             starts[s] = len(v["committed"])
@@ -343,6 +345,40 @@ def test_a_step_where_no_row_drafts_runs_nothing_and_its_inputs_run_with_the_nex
     assert [lazy.cache.length(s) for s in ids] == fed
 
 
+def test_a_probe_of_some_rows_defers_the_others_inputs() -> None:
+    """A plan of D = 0 whose probe takes the even seq ids (stride 2), three steps: rows 2 and 4
+    draw x_0 each step and run their inputs; rows 1, 3 and 5 draw nothing, run nothing and hold
+    their inputs. The first step without a plan runs them in front of their own: their drafts,
+    q and features are those of a stage given the whole history as a prompt."""
+    model = tiny_model(12)
+    stage = make_draft_stage(model)
+    probe = DraftPlan(0.0, 0, 1.0, (0.0,) * K, probe_stride=2)
+    rows = [dict(r, start=0) for r in PLAN_ROWS]
+    history = [list(r["tokens"]) for r in rows]
+    ids = [r["seq_id"] for r in rows]
+    for step in range(3):
+        out = stage(with_plan(make_inputs(rows), probe, [True] * len(rows)))
+        assert out.num_drafted.tolist() == [0, 1, 0, 1, 0]
+        assert out.pass_ms[0] > 0 and out.draft_probs[[0, 2, 4]].abs().sum() == 0
+        rows = [
+            dict(r, tokens=[7 + step], start=r["start"] + len(r["tokens"]), reusable=0)
+            for r in rows
+        ]
+        for h in history:
+            h.append(7 + step)
+    assert [stage.slots.held(s) for s in ids] == [r["start"] for r in rows]
+    assert [stage.cache.length(s) for s in ids] == [0, rows[1]["start"], 0, rows[3]["start"], 0]
+    out = stage(make_inputs(rows))
+    whole = [dict(r, tokens=h) for r, h in zip(PLAN_ROWS, history, strict=True)]
+    ref = make_draft_stage(model)(make_inputs(whole))
+    unprobed = [0, 2, 4]  # their generators drew nothing before: the same draws as ref's
+    assert torch.equal(out.draft_tokens[unprobed], ref.draft_tokens[unprobed])
+    torch.testing.assert_close(out.draft_probs[unprobed], ref.draft_probs[unprobed])
+    torch.testing.assert_close(out.draft_features[unprobed], ref.draft_features[unprobed])
+    fed = [len(h) + n - 1 for h, n in zip(history, CAPS, strict=True)]  # the last draft unfed
+    assert [stage.cache.length(s) for s in ids] == fed
+
+
 def test_deferred_inputs_leave_with_a_release_and_a_restart() -> None:
     """A released sequence drops its deferred inputs; one that starts again at position 0
     holds nothing from before."""
@@ -462,10 +498,11 @@ def test_pass_ms_marks_the_passes_run() -> None:
 @pytest.mark.parametrize(
     ("plan", "match"),
     [
-        (torch.zeros(3 + K - 1), "draft_plan has"),
-        (torch.tensor([1.5, 1.0, 1.0] + [0.0] * K), "threshold"),
-        (torch.tensor([0.5, K + 1.0, 1.0] + [0.0] * K), "depth"),
-        (torch.tensor([0.5, 1.0, float("nan")] + [0.0] * K), "finite"),
+        (torch.zeros(4 + K - 1), "draft_plan has"),
+        (torch.tensor([1.5, 1.0, 1.0, 0.0] + [0.0] * K), "threshold"),
+        (torch.tensor([0.5, K + 1.0, 1.0, 0.0] + [0.0] * K), "depth"),
+        (torch.tensor([0.5, 1.0, float("nan"), 0.0] + [0.0] * K), "finite"),
+        (torch.tensor([0.5, 1.0, 1.0, -2.0] + [0.0] * K), "probe stride"),
     ],
 )
 def test_bad_plan_is_rejected(plan: torch.Tensor, match: str) -> None:

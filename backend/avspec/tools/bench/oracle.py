@@ -189,7 +189,7 @@ def av_step(
     decides. Returns (drafted [rows], num_verify [rows], the plan for the next step)."""
     features = torch.as_tensor(recorded.features[rows], dtype=torch.float32)
     caps = torch.as_tensor(recorded.num_draft[rows], dtype=torch.int32)
-    drafted = drafted_by_plan(features, caps, plan) if plan is not None else caps
+    drafted = drafted_by_plan(features, caps, plan, ids) if plan is not None else caps
     decision = verifier.step(
         VerifierInputs(
             seq_ids=torch.as_tensor(ids, dtype=torch.int64),

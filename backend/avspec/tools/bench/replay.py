@@ -15,9 +15,10 @@ chosen each step by its tokens per ms and of each D = 0..K held for the run. A b
 deep as its deepest row, so a per-row oracle without D falls below k1 on large batches; with D
 held at k it is k's steps without the drafts that will be rejected, so it is never below k<k>).
 With `defers_draft` (the server since the draft defers, avspec.engine.draft_stage) a
-step in which no row drafts runs no draft pass, and its rows' inputs join their next pass 0:
-each request's deferred tokens are counted and priced there. Without it (recordings of servers
-before that), every step runs the draft over its pending tokens, `none` included.
+row that drafts nothing in a step defers its inputs to its next pass 0 (a step in which no row
+drafts runs no draft pass): each request's deferred tokens are counted and priced there.
+Without it (recordings of servers before that), every step runs the draft over its pending
+tokens, `none` included.
 
 `served_cost` fits a StepCost to the served path: the profiled tables refreshed
 (avspec.av.cost_refresh) by the stage times the log recorded, with each step's overhead the gap
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from avspec.av.cost_refresh import CostRefresh
+from avspec.av.cost_refresh import CostRefresh, partial_draws
 from avspec.av.drafting import DraftPlan
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
 from avspec.av.step_cost import StepCost, rows_per_pass
@@ -95,7 +96,8 @@ def served_cost(profiled: StepCost, phases: Iterable[Sequence[dict[str, Any]]]) 
     Each line's `timing` is the previous line's step: its draft passes (rows from the previous
     line's drafts), its target over base + verified tokens, and as its wall time the gap
     between the two lines' clocks (the step and everything between steps). A step right after
-    one whose draft deferred its inputs is left out by the refresh, as served.
+    one whose draft deferred its inputs, and one whose rows drew in part, are left out by the
+    refresh, as served.
     """
     cost = copy.deepcopy(profiled)
     refresh = CostRefresh(cost, window=1 << 30, every=1 << 30)
@@ -112,6 +114,7 @@ def served_cost(profiled: StepCost, phases: Iterable[Sequence[dict[str, Any]]]) 
                 timing[k],
                 (after["t"] - line["t"]) * 1000.0,
                 verify_rows=len(line["ids"]),
+                partial=partial_draws(line["drafted"]),
             )
     refresh.refresh_now()
     return cost
@@ -249,16 +252,16 @@ def _serve(
         inputs = [1 if steps_done[i] else sequences[i].prompt_tokens for i in live]
         base = sum(inputs)
         remaining = np.array([sequences[i].length - produced[i] for i in live])
-        held = sum(deferred[i] for i in live) if defers_draft else 0
+        held = np.array([deferred[i] for i in live]) if defers_draft else None
 
-        step = _Step(cost, base, held, defers_draft, a, remaining)
+        step = _Step(cost, np.array(inputs), held, a, remaining)
         if key == "k0":
             drafted = verified = np.zeros(len(rows), dtype=np.int64)
         elif key == "oracle":  # each step the batch depth whose tokens per ms are best
             options = [np.minimum(a, depth) for depth in range(positions + 1)]
             # deferred tokens are owed whatever it picks: leaving them out of the choice keeps
             # it from deferring ever more (each step would see drawing as dearer than the last)
-            drafted = verified = max(options, key=lambda d: _rate(*step.priced(d, d, owed=0)))
+            drafted = verified = max(options, key=lambda d: _rate(*step.priced(d, d, owed=False)))
         elif key.startswith("oracle"):  # one batch depth for the whole run
             drafted = verified = np.minimum(a, int(key[len("oracle") :]))
         elif key.startswith("k"):
@@ -269,9 +272,9 @@ def _serve(
                 verifier, recorded, rows, ids, prev_ids, prev_outcome, base, plan
             )
         gained, ms = step.priced(drafted, verified)
-        if defers_draft:  # a step without draws leaves its inputs to the next pass
-            for i, count in zip(live, inputs, strict=True):
-                deferred[i] = 0 if drafted.any() else deferred[i] + count
+        if defers_draft:  # a row without draws leaves its inputs to its next pass
+            for i, count, drew in zip(live, inputs, drafted.tolist(), strict=True):
+                deferred[i] = 0 if drew else deferred[i] + count
         total_tokens += float(gained.sum())
         total_ms += ms
         prev_ids, prev_outcome = ids, np.minimum(verified, a)
@@ -292,27 +295,30 @@ def _serve(
 
 @dataclass
 class _Step:
-    """One replayed step's pricing: its base tokens, the tokens its rows' drafts hold deferred,
-    each row's accepted drafts and the tokens each request still needs."""
+    """One replayed step's pricing: each row's input tokens, the tokens each row's draft holds
+    deferred (None: a server that never defers), each row's accepted drafts and the tokens each
+    request still needs."""
 
     cost: StepCost
-    base: int
-    held: int
-    defers_draft: bool
+    inputs: np.ndarray
+    held: np.ndarray | None
     accepted: np.ndarray
     remaining: np.ndarray
 
     def priced(
-        self, drafted: np.ndarray, verified: np.ndarray, owed: int | None = None
+        self, drafted: np.ndarray, verified: np.ndarray, owed: bool = True
     ) -> tuple[np.ndarray, float]:
-        """Tokens gained per row and the step's ms when its rows draft / verify these, with
-        `owed` deferred tokens (None: all it holds) in the pass that draws."""
+        """Tokens gained per row and the step's ms when its rows draft / verify these: the
+        draft's pass 0 runs the inputs of the rows that draw, with their deferred tokens when
+        `owed` (every row's inputs when the server never defers)."""
         gained = np.minimum(np.minimum(verified, self.accepted) + 1, self.remaining)
-        owed = self.held if owed is None else owed
-        draws = drafted.any() or not self.defers_draft
-        return gained, step_ms(
-            self.cost, self.base, drafted, verified, self.base + owed if draws else 0
-        )
+        base = int(self.inputs.sum())
+        if self.held is None:
+            pending = base
+        else:
+            draws = drafted > 0
+            pending = int(self.inputs[draws].sum()) + (int(self.held[draws].sum()) if owed else 0)
+        return gained, step_ms(self.cost, base, drafted, verified, pending)
 
 
 def _rate(gained: np.ndarray, ms: float) -> float:

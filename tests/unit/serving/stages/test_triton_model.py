@@ -222,7 +222,7 @@ def test_verifier_model_answers_and_publishes_its_step(tmp_path: Path, gpu_varia
     (response,) = model.execute([verifier_request()])
     num_verify, plan = response.output_tensors
     assert (num_verify.name, plan.name) == ("num_verify", "next_draft_plan")
-    assert len(plan.value) == 3 + K
+    assert len(plan.value) == 4 + K
     assert isinstance(num_verify.value, torch.Tensor if gpu_variant else np.ndarray)
     assert num_verify.value.tolist()[1] == 2  # AV off for row 1: every draft verified
     assert model.metrics[metrics.DRAFTED_TOKENS.name].value == K + 2
