@@ -15,9 +15,7 @@ step's wall milliseconds, and every `every` steps it rewrites the StepCost in pl
   extrapolated from a ladder ending at 576), and it would rescale the last point by that;
 - a step right after one whose draft ran no pass (pass 0 of 0 ms: it deferred its inputs, see
   avspec.engine.draft_stage) is left out whole: its pass 0 ran those inputs too, more tokens
-  than its rows say; so is a step in which some rows deferred theirs and others drew (a probe
-  of a few rows of a batch: its pass 0 ran fewer tokens than its rows say), and the step after
-  it;
+  than its rows say;
 - the new table is the profiled one with each ladder point scaled by the median ratio of its
   window (a point with no ratios: the median of all the table's ratios; a table with none at all
   is left as it is), refitted isotonically with each point weighted by its number of ratios;
@@ -101,7 +99,6 @@ class CostRefresh:
         verify_ms: float,
         step_ms: float | None,
         verify_rows: int = 0,
-        partial: bool = False,
     ) -> None:
         """One served step; a no-op when disabled.
 
@@ -109,11 +106,10 @@ class CostRefresh:
         pending-input pass; a pass with 0 rows or 0 ms was not run and is skipped; the step
         after one whose pass 0 did not run is skipped whole, see the module doc). verify_tokens,
         verify_ms: the target forward; verify_rows: the rows it ran (0: the per-row term is
-        left out). step_ms: the step's wall ms as the scheduler measured it, or None.
-        partial: some rows deferred their inputs while others drew (left out whole, and the
-        step after it too). ValueError naming the field for a negative or non-finite value, a
-        fractional row or token count, or draft_rows and draft_ms of different lengths; nothing
-        is recorded then.
+        left out). step_ms: the step's wall ms as the scheduler measured it,
+        or None. ValueError naming the field for a negative or non-finite value, a fractional
+        row or token count, or draft_rows and draft_ms of different lengths; nothing is
+        recorded then.
         """
         if not self.enabled:
             return
@@ -125,8 +121,8 @@ class CostRefresh:
         verify_rows = _count("verify_rows", verify_rows)
         target_ms = _millis("verify_ms", verify_ms)
         wall = None if step_ms is None else _millis("step_ms", step_ms)
-        catching_up = partial or (self._deferred and bool(millis) and millis[0] > 0)
-        self._deferred = partial or (bool(millis) and millis[0] == 0)
+        catching_up = self._deferred and bool(millis) and millis[0] > 0
+        self._deferred = bool(millis) and millis[0] == 0
         if catching_up:
             return
 
@@ -274,10 +270,3 @@ def _count(field: str, value: Any) -> int:
     if count != int(count):
         raise ValueError(f"{field} must be a whole number, got {value!r}")
     return int(count)
-
-
-def partial_draws(drafted: Sequence[int]) -> bool:
-    """Whether a step's rows drew in part: some drafted, some drafted nothing (and deferred
-    their inputs, avspec.engine.draft_stage). CostRefresh.observe's `partial`."""
-    drew = sum(d > 0 for d in drafted)
-    return 0 < drew < len(drafted)

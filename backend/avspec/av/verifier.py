@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from avspec.av.budget import plan_step
-from avspec.av.cost_refresh import partial_draws
 from avspec.av.drafting import probe_stride, probed
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
 from avspec.av.step_cost import StepCost, rows_per_pass
@@ -281,9 +280,8 @@ class AdaptiveVerifier:
         tokens = pending.base_tokens + int(pending.num_verify.detach().cpu().long().sum())
         try:
             self.refresh.observe(
-                rows, timing[:k], tokens, timing[k], timing[k + 1], verify_rows=len(drafted),
-                partial=partial_draws(drafted),
-            )  # fmt: skip
+                rows, timing[:k], tokens, timing[k], timing[k + 1], verify_rows=len(drafted)
+            )
         except ValueError:
             self.num_bad_timings += 1
 

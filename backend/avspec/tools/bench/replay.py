@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from avspec.av.cost_refresh import CostRefresh, partial_draws
+from avspec.av.cost_refresh import CostRefresh
 from avspec.av.drafting import DraftPlan
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
 from avspec.av.step_cost import StepCost, rows_per_pass
@@ -96,8 +96,7 @@ def served_cost(profiled: StepCost, phases: Iterable[Sequence[dict[str, Any]]]) 
     Each line's `timing` is the previous line's step: its draft passes (rows from the previous
     line's drafts), its target over base + verified tokens, and as its wall time the gap
     between the two lines' clocks (the step and everything between steps). A step right after
-    one whose draft deferred its inputs, and one whose rows drew in part, are left out by the
-    refresh, as served.
+    one whose draft deferred its inputs is left out by the refresh, as served.
     """
     cost = copy.deepcopy(profiled)
     refresh = CostRefresh(cost, window=1 << 30, every=1 << 30)
@@ -114,7 +113,6 @@ def served_cost(profiled: StepCost, phases: Iterable[Sequence[dict[str, Any]]]) 
                 timing[k],
                 (after["t"] - line["t"]) * 1000.0,
                 verify_rows=len(line["ids"]),
-                partial=partial_draws(line["drafted"]),
             )
     refresh.refresh_now()
     return cost
