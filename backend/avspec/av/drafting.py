@@ -125,6 +125,16 @@ def probed(seq_id: int, stride: int) -> bool:
     return stride > 0 and seq_id % stride == 0
 
 
+def row_depths(depth: torch.Tensor, seq_ids: list[int], stride: int) -> torch.Tensor:
+    """[rows] int64 on depth's device: a plan's depth D (`depth`, 0-dim) for each of `seq_ids`,
+    at least 1 for the ones a probe of `stride` takes (`DraftPlan.row_depth` as a tensor)."""
+    depth = depth.long()
+    if not stride:
+        return depth.expand(len(seq_ids))
+    taken = torch.tensor([probed(i, stride) for i in seq_ids], device=depth.device)
+    return torch.where(taken, depth.clamp_min(1), depth)
+
+
 def probe_stride(batch: int, rows: int) -> int:
     """The stride under which a probe takes about `rows` of a batch of `batch` requests:
     1 (all of them) up to `rows`, then ceil(batch / rows)."""
@@ -183,8 +193,8 @@ def drafted_by_plan(
     check_shape("num_draft_tokens", num_draft_tokens, (rows,))
     if len(seq_ids) != rows:
         raise ValueError(f"seq_ids has {len(seq_ids)} ids for {rows} rows")
-    depths = torch.tensor([plan.row_depth(s) for s in seq_ids], dtype=torch.long)
-    limit = torch.minimum(num_draft_tokens.long(), depths.to(features.device))
+    depth = torch.tensor(plan.depth, device=features.device)
+    limit = torch.minimum(num_draft_tokens.long(), row_depths(depth, seq_ids, plan.probe_stride))
     survival = torch.ones(rows, dtype=torch.float32, device=features.device)
     drafted = torch.zeros(rows, dtype=torch.long, device=features.device)
     going = torch.ones(rows, dtype=torch.bool, device=features.device)

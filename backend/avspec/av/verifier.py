@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from avspec.av.budget import plan_step
-from avspec.av.drafting import probe_stride, probed
+from avspec.av.drafting import probe_stride, row_depths
 from avspec.av.estimator import AcceptanceEstimator, accepted_counts
 from avspec.av.step_cost import StepCost, rows_per_pass
 from avspec.av.survival import admit, survival
@@ -187,13 +187,8 @@ class AdaptiveVerifier:
         # the depth the plan let it reach, none as a price per admitted draft.
         caps = num_draft_tokens.long()
         if self._plan_depth is not None:
-            depth = self._plan_depth.to(caps.device)
-            if self._probe_stride:
-                taken = [probed(i, self._probe_stride) for i in ids]
-                depth = torch.where(
-                    torch.tensor(taken, device=caps.device), depth.clamp_min(1), depth
-                )
-            reach = caps.clamp(max=depth)
+            depth = row_depths(self._plan_depth.to(caps.device), ids, self._probe_stride)
+            reach = torch.minimum(caps, depth)
             caps = torch.where(adaptive.bool() & adaptive_drafting.bool(), reach, caps)
         plan = plan_step(
             stale, caps, adaptive, torch.zeros_like(adaptive_drafting), base_tokens, self.cost
